@@ -1,0 +1,1 @@
+"""What we KEEP: SQLAlchemy models, sessions, migrations, vector index."""

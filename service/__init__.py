@@ -1,0 +1,1 @@
+"""Application: optimize and crawl pipelines, jobs, HTTP API, web dashboard."""

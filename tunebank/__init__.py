@@ -1,0 +1,1 @@
+"""tunebank: transfer tuning for deep-learning subgraphs."""

@@ -1,0 +1,20 @@
+"""Settings: read from ``TUNEBANK_*`` environment variables, only at entry points (CLI, app, workers)."""
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNEBANK_", extra="ignore")
+
+    data_dir: Path = Field(default=Path.home() / ".tunebank", description="database, index files, kernel cache")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite in data_dir")
+    index_factory: str = Field(default="Flat", description="FAISS factory string for the vector index")
+    index_metric: str = Field(default="l2", description="'l2' or 'ip' (inner product)")
+    max_model_bytes: int = Field(default=512 * 2**20, description="largest model file accepted")
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'tunebank.db'}"
