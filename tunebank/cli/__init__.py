@@ -1,0 +1,13 @@
+"""The ``tunebank`` command line: one typer app, one module per command group."""
+
+import typer
+
+from tunebank.cli.inspect import inspect_command
+
+app = typer.Typer(
+    name="tunebank",
+    help="Transfer tuning for deep-learning subgraphs, backed by a performance-embedding database.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("inspect")(inspect_command)
