@@ -56,6 +56,7 @@ class GraphBuilder:
         inputs: Sequence[str],
         shape: Sequence[int],
         dtype: DType | str,
+        /,
         *,
         name: str | None = None,
         **attrs: int | float | bool | str | list[int],

@@ -13,8 +13,14 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite in data_dir")
     index_factory: str = Field(default="Flat", description="FAISS factory string for the vector index")
     index_metric: str = Field(default="l2", description="'l2' or 'ip' (inner product)")
+    index_search_params: str = Field(default="", description="FAISS search parameters, e.g. 'efSearch=256'")
     max_model_bytes: int = Field(default=512 * 2**20, description="largest model file accepted")
 
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'tunebank.db'}"
+
+    @property
+    def index_dir(self) -> Path:
+        """Where vector index files live: beside the SQLite file, or under data_dir for PostgreSQL."""
+        return self.data_dir / "index"

@@ -11,3 +11,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("inspect")(inspect_command)
+
+
+@app.callback()
+def main() -> None:
+    """tunebank: transfer tuning for deep-learning subgraphs."""

@@ -1,0 +1,291 @@
+"""The float64 reference evaluator of a ``LoopProgram``: every generated kernel is checked against it.
+
+Floating-point buffers are computed in float64 whatever their declared dtype; integer buffers stay
+int64 and bool buffers bool. Evaluation is vectorised: each nest is a grid with one numpy axis per
+dimension, every value is an array that is size 1 along the dims it does not depend on, loads are
+strided views (affine, in bounds) or gathers (indirect, padded, ragged), reductions are ufunc
+reductions over the reduction axes, and ``sum(a * b)`` is contracted with ``np.einsum`` (BLAS), so
+a matmul never materialises its M x N x K grid. A ragged dimension spans the longest range and is
+masked to each row's own range.
+"""
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+from scipy import special
+
+from embed.errors import EmbedError
+from embed.ir import DType
+from embed.loopnest import (
+    Acc,
+    Access,
+    Affine,
+    BufferKind,
+    Call,
+    Cast,
+    Combiner,
+    Const,
+    DimKind,
+    Expr,
+    FloorDiv,
+    Load,
+    LoopNest,
+    LoopProgram,
+    Mod,
+    index_range,
+)
+
+
+class EvaluationError(EmbedError):
+    """Inputs do not fit the program: missing, mis-shaped, or an index read from data is out of range."""
+
+
+_SQRT1_2 = math.sqrt(0.5)
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+
+_OPS = {
+    "neg": np.negative,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": special.expit,
+    "tanh": np.tanh,
+    "silu": lambda x: x * special.expit(x),
+    "abs": np.abs,
+    "reciprocal": lambda x: 1.0 / x,
+    "erf": special.erf,
+    "cos": np.cos,
+    "sin": np.sin,
+    "gelu": lambda x: 0.5 * x * (1.0 + special.erf(x * _SQRT1_2)),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(_SQRT_2_PI * (x + 0.044715 * x * x * x))),
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "where": lambda c, a, b: np.where(c.astype(bool), a, b),
+}
+_UFUNC = {Combiner.SUM: np.add, Combiner.MAX: np.maximum, Combiner.MIN: np.minimum}
+
+
+def numpy_dtype(dtype: DType) -> type[np.generic]:
+    """The evaluator's dtype for a buffer of ``dtype``: float64, int64 or bool."""
+    if dtype.is_float:
+        return np.float64
+    return np.bool_ if dtype == DType.BOOL else np.int64
+
+
+def evaluate(program: LoopProgram, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``program`` on ``inputs`` (name -> array of the buffer's shape) and return its outputs."""
+    env: dict[str, np.ndarray] = {}
+    for buf in program.buffers.values():
+        dtype = numpy_dtype(buf.dtype)
+        if buf.kind in (BufferKind.INPUT, BufferKind.PARAM):
+            if buf.name not in inputs:
+                raise EvaluationError(f"missing input {buf.name!r} (expected shape {list(buf.shape)})")
+            arr = np.asarray(inputs[buf.name])
+            if arr.shape != buf.shape:
+                raise EvaluationError(f"input {buf.name!r} has shape {list(arr.shape)}, expected {list(buf.shape)}")
+            env[buf.name] = np.ascontiguousarray(arr, dtype=dtype)
+        elif buf.kind == BufferKind.CONST:
+            env[buf.name] = np.asarray(buf.value, dtype=np.float64).astype(dtype).reshape(buf.shape)
+        else:
+            env[buf.name] = np.full(buf.shape, np.nan) if dtype is np.float64 else np.zeros(buf.shape, dtype)
+    with np.errstate(all="ignore"):
+        for nest in program.nests:
+            _NestEval(nest, env).run()
+    return {
+        name: env[name] if program.buffers[name].kind == BufferKind.OUTPUT else env[name].copy()
+        for name in program.outputs
+    }
+
+
+def _along(values: np.ndarray, axis: int, nd: int) -> np.ndarray:
+    return values.reshape([-1 if k == axis else 1 for k in range(nd)])
+
+
+class _NestEval:
+    """One nest on a grid with one axis per dimension (outer -> inner)."""
+
+    def __init__(self, nest: LoopNest, env: dict[str, np.ndarray]) -> None:
+        self.nest, self.env = nest, env
+        self.nd = len(nest.dims)
+        self.axis = {d.name: k for k, d in enumerate(nest.dims)}
+        self.extents = nest.extents
+        self.shape = [d.extent for d in nest.dims]
+        self.values: dict[str, np.ndarray] = {}
+        self.mask: np.ndarray | None = None
+        self.memo: dict[Expr, np.ndarray] = {}
+        self.acc: np.ndarray | None = None
+        for k, d in enumerate(nest.dims):
+            if d.ragged is None:
+                self.values[d.name] = _along(np.arange(d.extent), k, self.nd)
+                continue
+            start, stop = self.index(d.ragged.start), self.index(d.ragged.stop)
+            if (stop < start).any():
+                raise EvaluationError(f"ragged range of {d.name} in {nest.op} ends before it starts (bad indptr?)")
+            self.shape[k] = int((stop - start).max(initial=0))
+            offset = _along(np.arange(self.shape[k]), k, self.nd)
+            self.values[d.name] = start + offset
+            inside = offset < stop - start
+            self.mask = inside if self.mask is None else self.mask & inside
+        self.empty = math.prod(self.shape) == 0
+
+    def run(self) -> None:
+        st = self.nest.statement
+        if any(self.shape[k] == 0 for k, d in enumerate(self.nest.dims) if d.kind == DimKind.PARALLEL):
+            return
+        if st.combiner is None:
+            value = self.expr(st.body)
+        else:
+            value = self.reduce(st.body, st.combiner)
+            if st.epilogue is not None:
+                self.acc = value
+                value = self.expr(st.epilogue)
+        self.write(st.write, value)
+
+    # -- index expressions -------------------------------------------------------------------
+
+    def index(self, expr: Affine) -> np.ndarray:
+        out = np.full((1,) * self.nd, expr.const, dtype=np.int64)
+        for atom, coef in expr.terms:
+            if isinstance(atom, str):
+                value = self.values[atom]
+            elif isinstance(atom, FloorDiv):
+                value = self.index(atom.arg) // atom.divisor
+            elif isinstance(atom, Mod):
+                value = self.index(atom.arg) % atom.modulus
+            else:
+                value = self.gather(atom.tensor, [self.index(e) for e in atom.index], None)
+                if value.dtype.kind not in "iub":
+                    raise EvaluationError(f"index tensor {atom.tensor!r} holds non-integer values")
+                value = value.astype(np.int64)
+            out = out + coef * value
+        return out
+
+    # -- loads and stores --------------------------------------------------------------------
+
+    def gather(self, tensor: str, index: list[np.ndarray], fill: float | None) -> np.ndarray:
+        arr = self.env[tensor]
+        if not index:
+            return arr.reshape((1,) * self.nd)
+        index = np.broadcast_arrays(*index)
+        inside = np.ones(index[0].shape, dtype=bool)
+        for i, n in zip(index, arr.shape, strict=True):
+            inside &= (i >= 0) & (i < n)
+        if fill is None:
+            bad = ~inside if self.mask is None else ~inside & self.mask
+            if bad.any():
+                raise EvaluationError(f"index out of range reading {tensor!r} of shape {list(arr.shape)}")
+        if arr.size == 0:
+            return np.full(inside.shape, np.nan if fill is None else fill)
+        values = arr[tuple(np.clip(i, 0, n - 1) for i, n in zip(index, arr.shape, strict=True))]
+        return values if fill is None else np.where(inside, values, fill)
+
+    def strided(self, access: Access, writeable: bool = False) -> np.ndarray | None:
+        """A zero-copy view of an in-bounds affine access over the grid, or None if it is not one."""
+        arr = self.env[access.tensor]
+        if self.empty or access.fill is not None:
+            return None
+        shape, strides, offset = [1] * self.nd, [0] * self.nd, 0
+        for e, n, step in zip(access.index, arr.shape, arr.strides, strict=True):
+            if any(not isinstance(a, str) or a not in self.extents for a, _ in e.terms):
+                return None
+            lo, hi = index_range(e, self.extents) or (-1, -1)
+            if lo < 0 or hi >= n:
+                return None
+            offset += e.const * step
+            for atom, coef in e.terms:
+                k = self.axis[atom]
+                shape[k], strides[k] = self.shape[k], strides[k] + coef * step
+        if min(strides, default=0) < 0:
+            return None
+        base = arr.reshape(-1)[offset // max(arr.itemsize, 1):]
+        return as_strided(base, shape, strides, writeable=writeable)
+
+    def load(self, access: Access) -> np.ndarray:
+        view = self.strided(access)
+        if view is not None:
+            return view
+        return self.gather(access.tensor, [self.index(e) for e in access.index], access.fill)
+
+    def write(self, access: Access, value: np.ndarray) -> None:
+        view = self.strided(access, writeable=True)
+        if view is not None:
+            view[...] = value
+            return
+        *index, value = np.broadcast_arrays(*[self.index(e) for e in access.index], value)
+        self.env[access.tensor][tuple(index)] = value
+
+    # -- compute -----------------------------------------------------------------------------
+
+    def expr(self, expr: Expr) -> np.ndarray:
+        if isinstance(expr, Acc):
+            assert self.acc is not None
+            return self.acc
+        cached = self.memo.get(expr)
+        if cached is not None:
+            return cached
+        if isinstance(expr, Load):
+            value = self.load(expr.access)
+        elif isinstance(expr, Const):
+            value = np.full((1,) * self.nd, expr.value)
+        elif isinstance(expr, Call):
+            value = np.asarray(_OPS[expr.op](*(self.expr(a) for a in expr.args)))
+        else:
+            value = _cast(self.expr(expr.arg), expr.dtype)
+        if not _has_acc(expr):
+            self.memo[expr] = value
+        return value
+
+    def reduce(self, body: Expr, combiner: Combiner) -> np.ndarray:
+        red = tuple(k for k, d in enumerate(self.nest.dims) if d.kind == DimKind.REDUCTION)
+        if combiner == Combiner.SUM and isinstance(body, Call) and body.op == "mul":
+            return self.contract(body, red)
+        value = self.expr(body)
+        full = [self.shape[k] if k in red else n for k, n in enumerate(value.shape)]
+        value = np.broadcast_to(value, full)
+        if self.mask is not None:
+            value = np.where(self.mask, value, combiner.identity)
+        if value.size == 0:
+            return np.full([1 if k in red else n for k, n in enumerate(value.shape)], combiner.identity)
+        return _UFUNC[combiner].reduce(value, axis=red, keepdims=True)
+
+    def contract(self, body: Call, red: tuple[int, ...]) -> np.ndarray:
+        """``sum over red of a * b`` by einsum over the axes each operand really has."""
+        a, b = (self.expr(x) for x in body.args)
+        if self.mask is not None:
+            a, b = np.where(self.mask, a, 0), np.where(self.mask, b, 0)
+        keep_a = [k for k in range(self.nd) if a.shape[k] != 1]
+        keep_b = [k for k in range(self.nd) if b.shape[k] != 1]
+        out_axes = [k for k in range(self.nd) if k not in red and (k in keep_a or k in keep_b)]
+        squeeze_a = tuple(k for k in range(self.nd) if k not in keep_a)
+        squeeze_b = tuple(k for k in range(self.nd) if k not in keep_b)
+        result = np.einsum(np.squeeze(a, squeeze_a), keep_a, np.squeeze(b, squeeze_b), keep_b, out_axes, optimize=True)
+        absent = math.prod(self.shape[k] for k in red if k not in keep_a and k not in keep_b)
+        if absent != 1:
+            result = result * absent
+        return np.asarray(result).reshape([self.shape[k] if k in out_axes else 1 for k in range(self.nd)])
+
+
+def _has_acc(expr: Expr) -> bool:
+    if isinstance(expr, Acc):
+        return True
+    if isinstance(expr, Call):
+        return any(_has_acc(a) for a in expr.args)
+    return isinstance(expr, Cast) and _has_acc(expr.arg)
+
+
+def _cast(value: np.ndarray, dtype: DType) -> np.ndarray:
+    if dtype.is_float:
+        return value.astype(np.float64)
+    if dtype == DType.BOOL:
+        return value != 0
+    return (np.trunc(value) if value.dtype.kind == "f" else value).astype(np.int64)
+

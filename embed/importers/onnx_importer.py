@@ -1,0 +1,244 @@
+"""ONNX importer: a ``.onnx`` file (opset 13+) -> ``Graph``.
+
+The file is read with a size limit and parsed without following external data (refused). Shapes
+come from ``onnx.shape_inference`` (strict mode off, data propagation on); every tensor the IR
+keeps needs a static shape. Models with symbolic dimensions import when ``dims`` gives each
+symbol a value (``{"batch": 4, "seq": 128}``), the documented fallback for dynamic exports.
+
+Initializers become PARAM tensors (values are not kept), except scalars and small integer
+tensors, which are constants. Constant sub-expressions over small values (``Shape``,
+``Concat`` of shape pieces, ``Constant``...) are folded. Ops are mapped by ``onnx_ops``; any other op
+becomes an ``opaque`` node.
+"""
+
+import heapq
+import math
+from collections.abc import Mapping
+from os import PathLike
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, numpy_helper, shape_inference
+
+from embed.errors import EmbedError, ModelImportError
+from embed.importers.lowering import Lowering, one_line
+from embed.importers.onnx_ops import CONVERTERS, FOLDABLE, OnnxNode, Value
+from embed.ir import MAX_DIM, MAX_ELEMENTS, MAX_NODES, MAX_RANK, DType, Graph
+
+DEFAULT_MAX_BYTES = 512 * 2**20
+MIN_OPSET = 13
+FOLD_LIMIT = 4096  # values up to this many elements are kept for constant folding
+
+ELEM_TYPES = {
+    TensorProto.FLOAT: DType.FLOAT32, TensorProto.DOUBLE: DType.FLOAT64, TensorProto.FLOAT16: DType.FLOAT16,
+    TensorProto.BFLOAT16: DType.BFLOAT16, TensorProto.INT64: DType.INT64, TensorProto.INT32: DType.INT32,
+    TensorProto.BOOL: DType.BOOL,
+}
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
+
+
+def import_onnx(path: str | PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES,
+                dims: Mapping[str, int] | None = None) -> Graph:
+    """Import the ONNX file at ``path``; raises ``ModelImportError``/``InvalidGraphError`` with one line."""
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+        if size > max_bytes:
+            raise ModelImportError(f"{file.name} is {size} bytes, over the limit of {max_bytes} bytes")
+        with file.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise ModelImportError(f"cannot read {file}: {exc.strerror}") from None
+    if len(data) > max_bytes:
+        raise ModelImportError(f"{file.name} is over the limit of {max_bytes} bytes")
+    return import_onnx_bytes(data, name=file.stem, dims=dims)
+
+
+def import_onnx_bytes(data: bytes, *, name: str = "", dims: Mapping[str, int] | None = None) -> Graph:
+    """Import a serialized ONNX ``ModelProto``."""
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelImportError(f"not a valid ONNX file (truncated or corrupt): {one_line(exc)}") from None
+    _check_model(model)
+    return _Importer(model, name or model.graph.name, dict(dims or {})).run()
+
+
+def _external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data) > 0
+
+
+def _check_graph(graph: onnx.GraphProto, depth: int = 0) -> None:
+    if depth > 8:
+        raise ModelImportError("subgraphs are nested more than 8 deep")
+    for init in graph.initializer:
+        if _external(init):
+            raise ModelImportError(
+                f"initializer {init.name[:80]!r} uses external data; external data is refused: "
+                "save the model with all tensors inside the file (onnx.save(..., save_as_external_data=False))")
+    for node in graph.node:
+        for attr in node.attribute:
+            tensors = [attr.t] if attr.HasField("t") else list(attr.tensors)
+            if any(_external(t) for t in tensors):
+                raise ModelImportError(f"node {node.name[:80]!r} holds a tensor in external data, which is refused")
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                _check_graph(sub, depth + 1)
+
+
+def _check_model(model: onnx.ModelProto) -> None:
+    graph = model.graph
+    if not model.HasField("graph") or not graph.output:
+        raise ModelImportError("not an ONNX model: it has no graph outputs")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset < MIN_OPSET:
+        raise ModelImportError(
+            f"ONNX opset {opset} is not supported; convert the model to opset {MIN_OPSET}+ "
+            "(onnx.version_converter.convert_version)")
+    if len(graph.node) > MAX_NODES:
+        raise ModelImportError(f"the model has {len(graph.node)} nodes, over the limit of {MAX_NODES}")
+    _check_graph(graph)
+
+
+def _dims(dims: list[int], what: str) -> tuple[int, ...]:
+    if len(dims) > MAX_RANK or any(d < 0 or d > MAX_DIM for d in dims) or math.prod(dims) > MAX_ELEMENTS:
+        raise ModelImportError(f"{what} has an unsupported shape {list(dims)[:MAX_RANK + 1]} "
+                               f"(rank <= {MAX_RANK}, dims 0..{MAX_DIM}, <= {MAX_ELEMENTS} elements)")
+    return tuple(dims)
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, name: str, dims: dict[str, int]) -> None:
+        self.model, self.graph, self.dims = model, model.graph, dims
+        self.lw = Lowering(name)
+        self.values: dict[str, Value] = {}  # source name -> IR tensor name or a static array
+        self.types: dict[str, tuple[tuple[int, ...] | None, int]] = {}
+
+    def run(self) -> Graph:
+        params = self._read_initializers()
+        self._infer_types()
+        for inp in self.graph.input:
+            if inp.name not in params and inp.name not in self.values:
+                shape, dtype = self.type_of(inp.name, f"graph input {inp.name[:80]!r}")
+                self.values[inp.name] = self.lw.builder.input(self.lw.fresh_name(inp.name), shape, dtype)
+        for i, node in enumerate(_toposort(self.graph, set(self.values) | params)):
+            try:
+                self._convert(node)
+            except EmbedError as exc:
+                raise type(exc)(f"node {i} ({node.op_type} {node.name[:80]!r}): {exc}") from None
+            except Exception as exc:  # hostile files reach corners of the converters; report, never a traceback
+                raise ModelImportError(f"node {i} ({node.op_type} {node.name[:80]!r}): {one_line(exc)}") from None
+        outputs = [OnnxNode.materialize(self, out.name) for out in self.graph.output]
+        return self.lw.build(list(dict.fromkeys(outputs)))
+
+    def _read_initializers(self) -> set[str]:
+        """Small initializers become static values, the others PARAM tensors; their data is then dropped."""
+        params: set[str] = set()
+        for init in self.graph.initializer:
+            what = f"initializer {init.name[:80]!r}"
+            shape = _dims(list(init.dims), what)
+            dtype = ELEM_TYPES.get(init.data_type)
+            if math.prod(shape) <= FOLD_LIMIT and (not shape or dtype is None or not dtype.is_float):
+                try:
+                    self.values[init.name] = numpy_helper.to_array(init).reshape(shape)
+                except Exception as exc:
+                    raise ModelImportError(f"{what} has unreadable data: {one_line(exc)}") from None
+            else:
+                self.values[init.name] = self.lw.builder.param(self.lw.fresh_name(init.name), shape,
+                                                               self.dtype_of(init.data_type, what))
+                params.add(init.name)
+            for field in _DATA_FIELDS:
+                init.ClearField(field)
+        for sparse in self.graph.sparse_initializer:
+            what = f"sparse initializer {sparse.values.name[:80]!r}"
+            dtype = self.dtype_of(sparse.values.data_type, what)
+            shape = _dims(list(sparse.dims), what)
+            self.values[sparse.values.name] = self.lw.builder.param(self.lw.fresh_name(sparse.values.name), shape,
+                                                                    dtype)
+            params.add(sparse.values.name)
+        return params
+
+    def _infer_types(self) -> None:
+        for inp in self.graph.input:
+            for dim in inp.type.tensor_type.shape.dim:
+                if dim.HasField("dim_param") and dim.dim_param in self.dims:
+                    dim.dim_value = int(self.dims[dim.dim_param])
+        try:
+            inferred = shape_inference.infer_shapes(self.model, check_type=False, strict_mode=False, data_prop=True)
+        except Exception as exc:
+            raise ModelImportError(f"ONNX shape inference failed: {one_line(exc)}") from None
+        g = inferred.graph
+        for info in [*g.input, *g.value_info, *g.output]:
+            tt = info.type.tensor_type
+            known = tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
+            shape = tuple(d.dim_value for d in tt.shape.dim) if known else None
+            if info.name not in self.types or shape is not None:
+                self.types[info.name] = (shape, tt.elem_type)
+
+    def dtype_of(self, elem_type: int, what: str) -> DType:
+        dtype = ELEM_TYPES.get(elem_type)
+        if dtype is None:
+            kind = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
+            raise ModelImportError(f"{what} has element type {kind}, which the IR does not support "
+                                   f"(supported: {', '.join(d.value for d in ELEM_TYPES.values())})")
+        return dtype
+
+    def type_of(self, name: str, what: str) -> tuple[tuple[int, ...], DType]:
+        shape, elem = self.types.get(name, (None, 0))
+        if shape is None:
+            hint = f" (symbols: {sorted(self._symbols())})" if self._symbols() else ""
+            raise ModelImportError(
+                f"{what} has no static shape; the importer needs static shapes: export with fixed input shapes "
+                f"or pass dims={{symbol: size}}{hint}")
+        return _dims(list(shape), what), self.dtype_of(elem, what)
+
+    def _symbols(self) -> set[str]:
+        return {d.dim_param for i in self.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+
+    def _convert(self, node: onnx.NodeProto) -> None:
+        n = OnnxNode(self, node)
+        if node.domain in ("", "ai.onnx") and node.op_type in FOLDABLE and n.foldable(FOLD_LIMIT):
+            results: list[Value] = n.fold()
+        else:
+            converter = CONVERTERS.get((node.domain or "", node.op_type))
+            results = converter(n) if converter is not None else n.as_opaque()
+        for out, value in zip(node.output, results, strict=False):
+            if out:
+                self.values[out] = value
+
+
+def _toposort(graph: onnx.GraphProto, defined: set[str]) -> list[onnx.NodeProto]:
+    """Nodes in dependency order; refuses dangling references, duplicate producers and cycles."""
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if out and (out in producer or out in defined):
+                raise ModelImportError(f"tensor {out[:80]!r} is produced twice")
+            if out:
+                producer[out] = i
+    waiting = [0] * len(graph.node)
+    readers: dict[int, list[int]] = {}
+    for i, node in enumerate(graph.node):
+        for inp in set(node.input) - {""}:
+            if inp in producer:
+                waiting[i] += 1
+                readers.setdefault(producer[inp], []).append(i)
+            elif inp not in defined:
+                raise ModelImportError(f"node {i} ({node.op_type}) reads {inp[:80]!r}, which nothing defines")
+    for out in graph.output:
+        if out.name not in producer and out.name not in defined:
+            raise ModelImportError(f"graph output {out.name[:80]!r} is never produced")
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in readers.get(i, []):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) < len(graph.node):
+        stuck = next(i for i, w in enumerate(waiting) if w)
+        raise ModelImportError(f"the graph has a cycle through node {stuck} ({graph.node[stuck].op_type})")
+    return [graph.node[i] for i in order]

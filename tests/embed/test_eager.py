@@ -1,0 +1,226 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from embed.builder import GraphBuilder
+from embed.eager import run_eager
+from embed.errors import EmbedError, InvalidGraphError, UnsupportedSubgraphError
+
+F32 = "float32"
+
+
+def one_op(op: str, inputs: list[tuple[str, tuple, str]], out: tuple[int, ...], out_dtype: str = F32, **attrs):
+    """A graph of one op reading the named inputs."""
+    g = GraphBuilder(op)
+    names = [g.input(name, shape, dt) for name, shape, dt in inputs]
+    return g.build([g.node(op, names, out, out_dtype, **attrs)])
+
+
+def run(graph, **arrays: np.ndarray) -> np.ndarray:
+    (result,) = run_eager(graph, {k: torch.from_numpy(v) for k, v in arrays.items()}).values()
+    return result.numpy()
+
+
+rng = np.random.default_rng(0)
+A = rng.standard_normal((2, 3, 4)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("op", "reference"),
+    [
+        ("exp", np.exp), ("neg", np.negative), ("tanh", np.tanh), ("abs", np.abs), ("sin", np.sin),
+        ("relu", lambda x: np.maximum(x, 0)), ("sigmoid", lambda x: 1 / (1 + np.exp(-x))),
+        ("silu", lambda x: x / (1 + np.exp(-x))), ("erf", np.vectorize(math.erf)),
+        ("gelu", lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))),
+    ],
+)
+def test_unary_ops(op, reference) -> None:
+    graph = one_op(op, [("x", A.shape, F32)], A.shape)
+    np.testing.assert_allclose(run(graph, x=A), reference(A.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+def test_positive_domain_ops_and_gelu_tanh() -> None:
+    x = np.abs(A) + 0.5
+    refs = [("sqrt", np.sqrt), ("rsqrt", lambda v: 1 / np.sqrt(v)), ("log", np.log), ("reciprocal", np.reciprocal)]
+    for op, ref in refs:
+        np.testing.assert_allclose(run(one_op(op, [("x", A.shape, F32)], A.shape), x=x), ref(x), rtol=1e-5)
+    tanh_gelu = 0.5 * A * (1 + np.tanh(math.sqrt(2 / math.pi) * (A + 0.044715 * A**3)))
+    graph = one_op("gelu", [("x", A.shape, F32)], A.shape, approximate="tanh")
+    np.testing.assert_allclose(run(graph, x=A), tanh_gelu, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("op", "reference"),
+    [("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("div", np.divide),
+     ("maximum", np.maximum), ("minimum", np.minimum), ("pow", np.power)],
+)
+def test_binary_ops_broadcast(op, reference) -> None:
+    a, b = np.abs(A) + 0.1, rng.uniform(0.5, 2, (3, 1)).astype(np.float32)
+    graph = one_op(op, [("a", A.shape, F32), ("b", (3, 1), F32)], A.shape)
+    np.testing.assert_allclose(run(graph, a=a, b=b), reference(a, b), rtol=1e-5)
+
+
+def test_where_cast_identity() -> None:
+    cond = A > 0
+    graph = one_op("where", [("c", A.shape, "bool"), ("a", A.shape, F32), ("b", (4,), F32)], A.shape)
+    b = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(run(graph, c=cond, a=A, b=b), np.where(cond, A, b))
+    cast = run(one_op("cast", [("x", A.shape, F32)], A.shape, "int64", dtype="int64"), x=A * 10)
+    assert cast.dtype == np.int64
+    np.testing.assert_array_equal(cast, (A * 10).astype(np.int64))
+    np.testing.assert_array_equal(run(one_op("identity", [("x", A.shape, F32)], A.shape), x=A), A)
+
+
+def test_batch_norm_inference() -> None:
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    mean, var, w, b = (rng.uniform(0.5, 2, 3).astype(np.float32) for _ in range(4))
+    graph = one_op("batch_norm", [(n, s, F32) for n, s in [("x", x.shape), ("m", (3,)), ("v", (3,)), ("w", (3,)),
+                                                            ("b", (3,))]], x.shape, eps=1e-3)
+    c = (slice(None), None, None)
+    expected = (x - mean[c]) / np.sqrt(var[c] + 1e-3) * w[c] + b[c]
+    np.testing.assert_allclose(run(graph, x=x, m=mean, v=var, w=w, b=b), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("op", "reference"),
+    [("reduce_sum", np.sum), ("reduce_mean", np.mean), ("reduce_max", np.max), ("reduce_min", np.min)],
+)
+def test_reductions(op, reference) -> None:
+    graph = one_op(op, [("x", A.shape, F32)], (2, 1, 1), axes=[1, -1], keepdim=True)
+    np.testing.assert_allclose(run(graph, x=A), reference(A, axis=(1, 2), keepdims=True), rtol=1e-5)
+    graph = one_op(op, [("x", A.shape, F32)], (3,), axes=[0, 2])
+    np.testing.assert_allclose(run(graph, x=A), reference(A, axis=(0, 2)), rtol=1e-5)
+
+
+def test_softmax_and_log_softmax() -> None:
+    e = np.exp(A - A.max(axis=1, keepdims=True))
+    softmax = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(run(one_op("softmax", [("x", A.shape, F32)], A.shape, axis=1), x=A), softmax, rtol=1e-5)
+    log = run(one_op("log_softmax", [("x", A.shape, F32)], A.shape, axis=-2), x=A)
+    np.testing.assert_allclose(log, np.log(softmax), rtol=1e-5, atol=1e-6)
+
+
+def test_layer_norm_and_rms_norm_over_trailing_axes() -> None:
+    w, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    mean, var = A.mean(axis=(1, 2), keepdims=True), A.var(axis=(1, 2), keepdims=True)
+    graph = one_op("layer_norm", [("x", A.shape, F32), ("w", (3, 4), F32), ("b", (3, 4), F32)], A.shape,
+                   axes=[1, 2], eps=1e-5)
+    np.testing.assert_allclose(run(graph, x=A, w=w, b=b), (A - mean) / np.sqrt(var + 1e-5) * w + b, atol=1e-5)
+    bare = one_op("layer_norm", [("x", A.shape, F32)], A.shape, axes=[-1], eps=1e-5)
+    m1, v1 = A.mean(axis=-1, keepdims=True), A.var(axis=-1, keepdims=True)
+    np.testing.assert_allclose(run(bare, x=A), (A - m1) / np.sqrt(v1 + 1e-5), atol=1e-5)
+    rms = one_op("rms_norm", [("x", A.shape, F32), ("w", (4,), F32)], A.shape, axes=[-1], eps=1e-6)
+    expected = A / np.sqrt((A**2).mean(axis=-1, keepdims=True) + 1e-6) * w[0]
+    np.testing.assert_allclose(run(rms, x=A, w=w[0]), expected, rtol=1e-5)
+    with pytest.raises(UnsupportedSubgraphError, match="not trailing"):
+        run(one_op("layer_norm", [("x", A.shape, F32)], A.shape, axes=[0], eps=1e-5), x=A)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss(reduction: str) -> None:
+    logp, target = rng.standard_normal((5, 7)).astype(np.float32), np.array([0, 6, 3, 3, 1])
+    picked = -logp[np.arange(5), target]
+    expected = {"mean": picked.mean(), "sum": picked.sum(), "none": picked}[reduction]
+    graph = one_op("nll_loss", [("p", (5, 7), F32), ("t", (5,), "int64")], np.shape(expected), reduction=reduction)
+    np.testing.assert_allclose(run(graph, p=logp, t=target), expected, rtol=1e-5)
+
+
+def test_matmul_batched_broadcast_and_transposed() -> None:
+    a, b = rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+    graph = one_op("matmul", [("a", a.shape, F32), ("b", b.shape, F32)], (2, 3, 5), transpose_b=True)
+    np.testing.assert_allclose(run(graph, a=a, b=b), a @ b.T, rtol=1e-5, atol=1e-6)
+    graph = one_op("matmul", [("a", a.shape, F32), ("b", (4, 5), F32)], (2, 3, 5))
+    np.testing.assert_allclose(run(graph, a=a, b=b.T.copy()), a @ b.T, rtol=1e-5, atol=1e-6)
+
+
+def _direct_conv(x, w, stride, pad, dilation):
+    x = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])))
+    n, _, h, wd = x.shape
+    co, ci, kh, kw = w.shape
+    oh, ow = (h - dilation * (kh - 1) - 1) // stride + 1, (wd - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, co, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            patch = x[:, :, i * stride: i * stride + dilation * (kh - 1) + 1: dilation,
+                      j * stride: j * stride + dilation * (kw - 1) + 1: dilation]
+            out[:, :, i, j] = np.einsum("nchw,ochw->no", patch, w)
+    return out
+
+
+@pytest.mark.parametrize("padding", [[1, 1], [1, 0, 0, 2]])
+def test_conv2d(padding: list[int]) -> None:
+    x, w = rng.standard_normal((2, 3, 7, 6)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    pad4 = padding * 2 if len(padding) == 2 else padding
+    expected = _direct_conv(x, w, 2, pad4, 1) + bias[:, None, None]
+    graph = one_op("conv2d", [("x", x.shape, F32), ("w", w.shape, F32), ("b", (4,), F32)], expected.shape,
+                   stride=[2, 2], padding=padding, dilation=[1, 1], groups=1)
+    np.testing.assert_allclose(run(graph, x=x, w=w, b=bias), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_pools() -> None:
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    blocks = x.reshape(1, 2, 2, 2, 2, 2)
+    graph = one_op("max_pool2d", [("x", x.shape, F32)], (1, 2, 2, 2), kernel=[2, 2], stride=[2, 2], padding=[0, 0])
+    np.testing.assert_allclose(run(graph, x=x), blocks.max(axis=(3, 5)))
+    graph = one_op("avg_pool2d", [("x", x.shape, F32)], (1, 2, 2, 2), kernel=[2, 2], stride=[2, 2], padding=[0, 0])
+    np.testing.assert_allclose(run(graph, x=x), blocks.mean(axis=(3, 5)), rtol=1e-6)
+
+
+def test_spmm_on_csr() -> None:
+    dense_a = np.array([[0, 2, 0, 1], [0, 0, 0, 0], [3, 0, 0, 4]], dtype=np.float32)
+    indptr, indices = np.array([0, 2, 2, 4]), np.array([1, 3, 0, 3])
+    values = np.array([2, 1, 3, 4], dtype=np.float32)
+    dense = rng.standard_normal((4, 5)).astype(np.float32)
+    graph = one_op("spmm", [("p", (4,), "int64"), ("i", (4,), "int64"), ("v", (4,), F32), ("d", (4, 5), F32)],
+                   (3, 5), rows=3)
+    np.testing.assert_allclose(run(graph, p=indptr, i=indices, v=values, d=dense), dense_a @ dense, rtol=1e-6)
+
+
+def test_layout_ops() -> None:
+    transpose = one_op("transpose", [("x", A.shape, F32)], (4, 2, 3), perm=[2, 0, 1])
+    np.testing.assert_array_equal(run(transpose, x=A), A.transpose(2, 0, 1))
+    reshape = one_op("reshape", [("x", A.shape, F32)], (6, 4), shape=[-1, 4])
+    np.testing.assert_array_equal(run(reshape, x=A), A.reshape(6, 4))
+    expand = one_op("expand", [("x", (3, 1), F32)], (2, 3, 4), shape=[2, 3, 4])
+    np.testing.assert_array_equal(run(expand, x=A[0, :, :1].copy()), np.broadcast_to(A[0, :, :1], (2, 3, 4)))
+    concat = one_op("concat", [("x", A.shape, F32), ("y", (2, 1, 4), F32)], (2, 4, 4), axis=1)
+    np.testing.assert_array_equal(run(concat, x=A, y=A[:, :1].copy()), np.concatenate([A, A[:, :1]], axis=1))
+    sliced = one_op("slice", [("x", A.shape, F32)], (2, 3, 2), axis=-1, start=1, end=100, step=2)
+    np.testing.assert_array_equal(run(sliced, x=A), A[:, :, 1::2])
+    gather = one_op("gather", [("x", A.shape, F32), ("i", (5,), "int64")], (2, 5, 4), axis=1)
+    index = np.array([2, 0, 0, 1, 2])
+    np.testing.assert_array_equal(run(gather, x=A, i=index), A[:, index])
+
+
+def test_constants_chain_and_compute_dtype() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (3,), "float16")
+    y = g.node("mul", [x, g.const([1.0, 2.0, 3.0], "float16", (3,))], (3,), "float16")
+    graph = g.build([g.node("add", [y, g.const(0.1, "float16")], (3,), "float16")])
+    inputs = {"x": torch.tensor([1.0, 1.0, 1.0], dtype=torch.float16)}
+    (half,) = run_eager(graph, inputs).values()
+    (wide,) = run_eager(graph, inputs, compute_dtype=torch.float64).values()
+    assert half.dtype == torch.float16 and wide.dtype == torch.float64
+    np.testing.assert_allclose(wide.numpy(), [1.1, 2.1, 3.1], rtol=1e-12)
+
+
+def test_errors_are_typed() -> None:
+    g = GraphBuilder()
+    x = g.input("x", (3,), F32)
+    (y,) = g.opaque("my_custom_op", [x], [((3,), F32)])
+    with pytest.raises(UnsupportedSubgraphError, match="my_custom_op"):
+        run_eager(g.build([y]), {"x": torch.zeros(3)})
+    graph = one_op("relu", [("x", (3,), F32)], (3,))
+    with pytest.raises(EmbedError, match="missing inputs"):
+        run_eager(graph, {})
+    with pytest.raises(EmbedError, match="shape"):
+        run_eager(graph, {"x": torch.zeros(4)})
+    wrong = one_op("matmul", [("a", (2, 3), F32), ("b", (3, 4), F32)], (2, 5))
+    with pytest.raises(InvalidGraphError, match="declared"):
+        run_eager(wrong, {"a": torch.zeros(2, 3), "b": torch.zeros(3, 4)})
+    bad = one_op("matmul", [("a", (2, 3), F32), ("b", (5, 4), F32)], (2, 4))
+    with pytest.raises(EmbedError, match="node 0 \\(matmul\\) failed"):
+        run_eager(bad, {"a": torch.zeros(2, 3), "b": torch.zeros(5, 4)})

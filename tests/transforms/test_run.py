@@ -1,0 +1,158 @@
+import numpy as np
+import pytest
+
+from transforms.build import Source, build
+from transforms.results import BuildResult
+from transforms.run import Buffer, Launch, Problem, Scalar, Trial, Worker, poisoned, quantize, run, to_float64, to_storage
+
+N = 4096
+SIGNATURE = "void vadd(const float* a, const float* b, float* c, int n)"
+KERNELS = {
+    "correct": SIGNATURE + "{ for (int i = 0; i < n; i++) c[i] = a[i] + b[i]; }",
+    "wrong": SIGNATURE + "{ for (int i = 0; i < n; i++) c[i] = a[i] - b[i]; }",
+    "skips_last": SIGNATURE + "{ for (int i = 0; i < n - 1; i++) c[i] = a[i] + b[i]; }",
+    "segfault": SIGNATURE + "{ *(volatile int*)0 = 1; }",
+    "abort": "#include <stdlib.h>\n" + SIGNATURE + "{ abort(); }",
+    "hang": SIGNATURE + "{ volatile int spin = 1; while (spin) {} }",
+    "noisy": "#include <stdio.h>\n" + SIGNATURE
+    + '{ printf("{\\"ok\\": true}\\n"); fflush(stdout); for (int i = 0; i < n; i++) c[i] = a[i] + b[i]; }',
+    "no_compile": SIGNATURE + "{ c[i] = 0; }",
+}
+LAUNCH = Launch("vadd", (Buffer("a", (N,), "float32"), Buffer("b", (N,), "float32"),
+                         Buffer("c", (N,), "float32", kind="output"), Scalar("n", N)))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    results = build([Source(code) for code in KERNELS.values()], cache_dir=tmp_path_factory.mktemp("cache"))
+    return dict(zip(KERNELS, results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(N), rng.standard_normal(N)
+    return Problem({"a": a, "b": b}, {"c": quantize(a, "float32") + quantize(b, "float32")})
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker() as w:
+        yield w
+
+
+def trial(built, problem, name):
+    return Trial(built[name], LAUNCH, problem)
+
+
+def test_correct_kernel_passes_and_is_timed(built, problem, worker):
+    [result] = run([trial(built, problem, "correct")], worker=worker, warmup=2, repeats=25)
+    assert result.ok and result.error_kind is None
+    assert result.repeats == 25 and 0 < result.min_s <= result.median_s < 0.01 and result.iqr_s >= 0
+    assert result.max_rel_err < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "says"),
+    [
+        ("wrong", "wrong", "exceeds the tolerance 0.0001"),
+        ("skips_last", "nan", "1 of 4096 elements are NaN"),  # the unwritten element keeps its poison
+        ("segfault", "launch", "SIGSEGV"),
+        ("abort", "launch", "SIGABRT"),
+        ("no_compile", "compile", "undeclared"),
+    ],
+)
+def test_failing_kernels_get_their_error_kind(built, problem, worker, name, kind, says):
+    [result] = run([trial(built, problem, name)], worker=worker, timeout_s=10)
+    assert not result.ok and result.error_kind == kind and says in result.error
+    assert result.median_s == float("inf")
+
+
+def test_a_hanging_kernel_times_out_and_the_next_one_gets_a_fresh_worker(built, problem):
+    with Worker() as w:
+        results = run([trial(built, problem, n) for n in ("hang", "correct", "segfault", "correct")],
+                      worker=w, timeout_s=1.0, repeats=5)
+        assert [r.error_kind for r in results] == ["timeout", None, "launch", None]
+        assert w.starts == 3  # first start, after the timeout, after the crash
+
+
+def test_kernel_output_on_stdout_does_not_confuse_the_protocol(built, problem, worker):
+    [result] = run([trial(built, problem, "noisy")], worker=worker, repeats=3)
+    assert result.ok
+
+
+def test_bad_launch_descriptions_are_launch_failures(built, problem, worker):
+    wrong_shape = Launch("vadd", (Buffer("a", (N + 1,), "float32"), *LAUNCH.args[1:]))
+    missing_symbol = Launch("nope", LAUNCH.args)
+    results = run([Trial(built["correct"], wrong_shape, problem), Trial(built["correct"], missing_symbol, problem)],
+                  worker=worker)
+    assert [r.error_kind for r in results] == ["launch", "launch"]
+    assert "has shape (4096,), the launch wants (4097,)" in results[0].error and "nope" in results[1].error
+
+
+def test_a_failed_build_is_not_run():
+    failed = BuildResult("cpu", error_kind="timeout", error="cc took too long")
+    [result] = run([Trial(failed, LAUNCH, Problem({}, {}))])
+    assert result.error_kind == "timeout" and result.error == "cc took too long"
+
+
+HALF_SUM = """void rowsum(const {t}* x, {t}* y, int rows, int cols) {{
+    for (int r = 0; r < rows; r++) {{
+        float acc = 0.0f;
+        for (int c = 0; c < cols; c++) acc += {load}(x[r * cols + c]);
+        y[r] = {store}(acc{bias});
+    }}
+}}"""
+BF16 = """#include <stdint.h>
+#include <string.h>
+static float load_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static uint16_t store_bf16(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }
+"""
+
+
+@pytest.mark.parametrize(
+    ("dtype", "ctype", "prelude", "load", "store"),
+    [("float16", "_Float16", "", "(float)", "(_Float16)"),
+     ("bfloat16", "uint16_t", BF16, "load_bf16", "store_bf16")],
+)
+def test_low_precision_outputs_use_their_dtype_tolerance(tmp_path, dtype, ctype, prelude, load, store):
+    rows, cols = 64, 256
+    x = np.random.default_rng(1).uniform(0.5, 1.5, (rows, cols))
+    reference = {"y": quantize(x, dtype).sum(axis=1)}
+    launch = Launch("rowsum", (Buffer("x", (rows, cols), dtype), Buffer("y", (rows,), dtype, "output"),
+                               Scalar("rows", rows), Scalar("cols", cols)))
+    sources = [Source(prelude + HALF_SUM.format(t=ctype, load=load, store=store, bias=bias)) for bias in ("", " * 1.2f")]
+    good, bad = build(sources, cache_dir=tmp_path)
+    ok, wrong = run([Trial(good, launch, Problem({"x": x}, reference)), Trial(bad, launch, Problem({"x": x}, reference))])
+    assert ok.ok and 0 < ok.max_rel_err < {"float16": 1e-2, "bfloat16": 3e-2}[dtype], ok
+    assert wrong.error_kind == "wrong" and 0.15 < wrong.max_rel_err < 0.25
+
+
+def test_bfloat16_storage_rounds_like_torch():
+    torch = pytest.importorskip("torch")
+    values = np.random.default_rng(2).standard_normal(10_000).astype(np.float32) * 1e3
+    ours = to_storage(values, "bfloat16")
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(quantize(values, "bfloat16"), torch.from_numpy(values).to(torch.bfloat16).double())
+
+
+def test_poison_is_nan_for_floats_and_the_minimum_for_ints():
+    assert np.isnan(poisoned((3,), "float16")).all() and np.isnan(quantize(np.nan, "bfloat16"))
+    assert np.isnan(to_float64(poisoned((2,), "bfloat16"), "bfloat16")).all()
+    assert (poisoned((2,), "int32") == np.iinfo(np.int32).min).all()
+
+
+def test_launch_round_trips_through_json():
+    launch = Launch("k", (*LAUNCH.args, Scalar("eps", 1e-5, "float32")), grid=(8, 1, 1), block=(256, 1, 1),
+                    shared_bytes=1024)
+    assert Launch.from_json(launch.to_json()) == launch
+
+
+def test_contract_rejects_bad_descriptions():
+    with pytest.raises(ValueError, match="unknown buffer dtype"):
+        Buffer("x", (1,), "float8")
+    with pytest.raises(ValueError, match="repeats an argument name"):
+        Launch("k", (Scalar("n", 1), Scalar("n", 2)))
+    with pytest.raises(ValueError, match="C identifier"):
+        Buffer("x-y", (1,), "float32")

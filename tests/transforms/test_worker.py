@@ -1,0 +1,66 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transforms.run import Buffer, Launch, Scalar
+from transforms.worker import check, host_arrays
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED = {"numpy", "cupy", "cupy_backends", "fastrlock", "cuda", "torch", "transforms"}
+
+PROBE = """
+import json, sys
+before = set(sys.modules)
+import transforms.worker, transforms.run, transforms.build, transforms.results
+import transforms.compilers.cpu, transforms.compilers.cuda
+print(json.dumps(sorted({name.split(".")[0] for name in set(sys.modules) - before})))
+"""
+
+
+def test_the_measurement_path_imports_only_numpy_cupy_and_the_standard_library():
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True)
+    imported = set(json.loads(out.stdout))
+    third_party = {name for name in imported if name not in sys.stdlib_module_names and not name.startswith("_")}
+    assert "numpy" in third_party and "transforms" in third_party
+    assert third_party <= ALLOWED, third_party - ALLOWED
+    assert not {"embed", "pydantic", "sqlalchemy", "faiss"} & imported
+
+
+def test_check_accepts_within_tolerance_and_reports_the_error():
+    reference = np.array([1.0, -2.0, 4.0])
+    kind, error, _ = check(reference * (1 + 5e-5), reference, 1e-4)
+    assert kind is None and error == pytest.approx(5e-5)
+    kind, error, message = check(reference * (1 + 5e-4), reference, 1e-4)
+    assert kind == "wrong" and error == pytest.approx(5e-4) and "exceeds the tolerance" in message
+
+
+def test_nan_never_passes_not_even_against_a_nan_reference():
+    reference = np.array([1.0, np.nan, 3.0])
+    assert check(np.array([1.0, np.nan, 3.0]), reference, 1.0)[0] == "nan"
+    assert check(np.array([1.0, 2.0, np.inf]), np.array([1.0, 2.0, 3.0]), 1.0)[0] == "nan"
+    assert check(np.array([1.0, 5.0, 3.0]), reference, 1.0)[0] == "wrong"  # finite where the reference is not
+    assert check(np.array([np.inf, 2.0]), np.array([np.inf, 2.0]), 1e-9)[0] is None  # matching infinities
+
+
+def test_tiny_reference_values_are_measured_against_the_output_scale():
+    reference = np.array([1000.0, 1e-9])
+    kind, error, _ = check(np.array([1000.0, 1e-6]), reference, 1e-4)
+    assert kind is None and error == pytest.approx(1e-6, rel=1e-2)  # |1e-6 - 1e-9| / (1e-3 * 1000)
+
+
+def test_shape_mismatch_is_wrong():
+    assert check(np.zeros(3), np.zeros(4), 1.0)[0] == "wrong"
+
+
+def test_host_arrays_convert_poison_and_zero():
+    launch = Launch("k", (Buffer("x", (2,), "float16"), Buffer("y", (2,), "float32", "output"),
+                          Buffer("tmp", (3,), "int32", "scratch"), Scalar("n", 2)))
+    arrays = host_arrays(launch, {"x": np.array([1.0, 2.0])})
+    assert arrays["x"].dtype == np.float16 and arrays["x"].tolist() == [1.0, 2.0]
+    assert np.isnan(arrays["y"]).all() and arrays["tmp"].tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="no input for buffer 'x'"):
+        host_arrays(launch, {})

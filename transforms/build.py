@@ -1,0 +1,44 @@
+"""Builder: compile a batch of candidate sources in parallel, one BuildResult per source, in order."""
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from transforms.compilers import cpu, cuda
+from transforms.results import BuildResult
+
+COMPILERS: dict[str, Callable[..., BuildResult]] = {"cpu": cpu.compile_c, "cuda": cuda.compile_cuda}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One candidate to compile: source text for ``backend`` ("cpu": C, "cuda": CUDA C++) and extra flags."""
+
+    code: str
+    backend: str = "cpu"
+    options: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.backend not in COMPILERS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of: {', '.join(sorted(COMPILERS))}")
+
+
+def build(sources: Sequence[Source], *, cache_dir: Path, jobs: int = 4, timeout_s: float = 60.0) -> list[BuildResult]:
+    """Compile ``sources`` with ``jobs`` threads; each compile is bounded by ``timeout_s``.
+
+    Compiler processes (cc, nvcc) run in parallel and are killed at the timeout; NVRTC compiles hold the
+    GIL, so they run one at a time and cannot be interrupted. A failure is a BuildResult with
+    ``error_kind`` "compile" or "timeout"; nothing is raised for a bad source.
+    """
+
+    def one(source: Source) -> BuildResult:
+        try:
+            return COMPILERS[source.backend](
+                source.code, cache_dir=cache_dir, options=source.options, timeout_s=timeout_s
+            )
+        except OSError as e:  # e.g. the cache directory is not writable
+            return BuildResult(source.backend, error_kind="compile", error=f"{type(e).__name__}: {e}")
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, sources))

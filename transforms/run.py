@@ -1,0 +1,307 @@
+"""Runner: validate and time built candidates one at a time in a worker subprocess.
+
+The contract between code generation and the runner:
+
+- :class:`Launch`: the entry symbol, its arguments in order (:class:`Buffer` or :class:`Scalar`) and, for
+  CUDA, grid / block / dynamic shared memory. A cpu kernel is called as ``entry(arg0, arg1, ...)`` with
+  buffers passed as pointers.
+- :class:`Problem`: input arrays by buffer name (fresh random values chosen by the caller; they are
+  converted to the buffer dtype, so compute the reference from :func:`quantize`-d inputs) and float64
+  reference outputs by output-buffer name, plus optional per-output tolerances.
+- :class:`Trial`: a :class:`~transforms.results.BuildResult` + a Launch + a Problem.
+
+Validation: output buffers are filled with NaN (ints: their minimum) before the first call; each output
+is compared with its reference by relative error
+``max_i |out_i - ref_i| / max(|ref_i|, 1e-3 * max_j |ref_j|)``, which must not exceed the tolerance
+(:data:`TOLERANCE` by dtype unless the Problem overrides it). A non-finite output where the reference is
+finite is error kind "nan"; NaN never passes. Timing: ``warmup`` calls, then ``repeats`` calls timed one
+by one (cpu: ``time.perf_counter_ns``; cuda: CUDA events); the result keeps median, IQR and min.
+
+Data travels as JSON lines over pipes and ``.npz`` files (loaded without pickle). Standard library and
+NumPy only: this module is on the GPU measurement path.
+"""
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import numpy as np
+
+from transforms.results import BuildResult, RunResult
+
+#: Relative-error tolerance by output dtype (integers must match exactly). fp32 accumulates rounding over
+#: long reductions, fp16 has an 11-bit and bf16 an 8-bit significand.
+TOLERANCE: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 3e-2}
+
+#: Buffer dtype -> NumPy storage dtype. bfloat16 is stored as its raw 16 bits.
+STORAGE: dict[str, str] = {
+    "float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "uint16",
+    "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8",
+}
+SCALAR_DTYPES = ("float64", "float32", "int64", "int32")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def to_storage(values: Any, dtype: str) -> np.ndarray:
+    """``values`` converted to the storage array of ``dtype`` (bfloat16: round to nearest even, as bits)."""
+    if dtype != "bfloat16":
+        return np.ascontiguousarray(values, dtype=STORAGE[dtype])
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return np.where(np.isnan(np.asarray(values, np.float32)), 0x7FC0, rounded).astype(np.uint16)
+
+
+def to_float64(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """A storage array of ``dtype`` as float64 values."""
+    if dtype == "bfloat16":
+        return (stored.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return stored.astype(np.float64)
+
+
+def quantize(values: Any, dtype: str) -> np.ndarray:
+    """``values`` rounded to ``dtype`` and returned as float64: compute references from these."""
+    return to_float64(to_storage(values, dtype), dtype)
+
+
+def poisoned(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A storage array filled with NaN (integers: their minimum value)."""
+    if dtype == "bfloat16":
+        return np.full(shape, 0x7FC0, np.uint16)
+    storage = np.dtype(STORAGE[dtype])
+    return np.full(shape, np.nan if storage.kind == "f" else np.iinfo(storage).min, storage)
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"invalid argument name {name!r}: use a C identifier")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An array argument. ``kind``: input (from the Problem), output (poisoned, validated) or scratch (zeroed)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: Literal["input", "output", "scratch"] = "input"
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        if self.dtype not in STORAGE:
+            raise ValueError(f"unknown buffer dtype {self.dtype!r}; choose one of: {', '.join(STORAGE)}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A scalar argument passed by value."""
+
+    name: str
+    value: int | float
+    dtype: str = "int32"
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        if self.dtype not in SCALAR_DTYPES:
+            raise ValueError(f"unknown scalar dtype {self.dtype!r}; choose one of: {', '.join(SCALAR_DTYPES)}")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to call a kernel: entry symbol, ordered arguments, and (cuda) grid, block, dynamic shared bytes."""
+
+    entry: str
+    args: tuple[Buffer | Scalar, ...]
+    grid: tuple[int, int, int] = (1, 1, 1)
+    block: tuple[int, int, int] = (1, 1, 1)
+    shared_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        _check_name(self.entry)
+        names = [a.name for a in self.args]
+        if len(set(names)) != len(names):
+            raise ValueError(f"launch of {self.entry!r} repeats an argument name: {', '.join(names)}")
+
+    @property
+    def buffers(self) -> list[Buffer]:
+        return [a for a in self.args if isinstance(a, Buffer)]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["args"] = [{"type": type(a).__name__, **asdict(a)} for a in self.args]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Launch":
+        types = {"Buffer": Buffer, "Scalar": Scalar}
+        args = tuple(types[a.pop("type")](**a) for a in (dict(a) for a in data["args"]))
+        return cls(data["entry"], args, tuple(data["grid"]), tuple(data["block"]), data["shared_bytes"])
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """Inputs (by buffer name) and float64 references (by output name) shared by the trials of one subgraph."""
+
+    inputs: Mapping[str, np.ndarray]
+    reference: Mapping[str, np.ndarray]
+    tolerance: Mapping[str, float] = field(default_factory=dict)
+
+    def tolerances(self, launch: Launch) -> dict[str, float]:
+        """Tolerance per output buffer of ``launch``: the override, else :data:`TOLERANCE` (ints: 0)."""
+        return {b.name: self.tolerance.get(b.name, TOLERANCE.get(b.dtype, 0.0))
+                for b in launch.buffers if b.kind == "output"}
+
+    def save(self, path: Path) -> None:
+        arrays = {f"in.{k}": np.asarray(v) for k, v in self.inputs.items()}
+        arrays |= {f"ref.{k}": np.asarray(v, np.float64) for k, v in self.reference.items()}
+        np.savez(path, **arrays)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate to run: what was built, how to launch it, on which problem."""
+
+    build: BuildResult
+    launch: Launch
+    problem: Problem
+
+
+class Worker:
+    """A ``python -m transforms.worker`` subprocess that runs one trial at a time.
+
+    A trial that outlives its timeout kills the worker (result kind "timeout"); a worker that dies (a
+    segfault, an abort) gives kind "launch". Either way the next trial starts a fresh worker.
+    """
+
+    def __init__(self, *, python: str = sys.executable, startup_timeout_s: float = 60.0) -> None:
+        self.python = python
+        self.startup_timeout_s = startup_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        self._buffer = b""
+        self.starts = 0
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker process (if any)."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        self._buffer = b""
+
+    def _start(self) -> None:
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed in close())
+        self._proc = subprocess.Popen(
+            [self.python, "-m", "transforms.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=_ROOT,
+        )
+        self.starts += 1
+        self._read(self.startup_timeout_s)
+
+    def _read(self, timeout_s: float) -> dict[str, Any]:
+        """The next JSON line; TimeoutError or EOFError when none comes."""
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            if select.select([fd], [], [], remaining)[0]:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise EOFError
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def _death(self) -> str:
+        assert self._proc is not None and self._stderr is not None
+        code = self._proc.wait()
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        self._stderr.seek(0)
+        tail = self._stderr.read().decode(errors="replace").strip()[-1000:]
+        return f"worker died with {how}" + (f": {tail}" if tail else "")
+
+    def request(self, message: dict[str, Any], timeout_s: float) -> RunResult:
+        """Send one trial message and return its result; failures of any kind come back as values."""
+        try:
+            if self._proc is None:
+                self._start()
+            assert self._proc is not None and self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self._proc.stdin.flush()
+            reply = self._read(timeout_s)
+        except TimeoutError:
+            self.close()
+            return RunResult.failure("timeout", f"no result within {timeout_s:g} s; the worker was killed")
+        except (EOFError, BrokenPipeError):
+            error = self._death()
+            self.close()
+            return RunResult.failure("launch", error)
+        if reply.pop("fatal"):
+            self.close()
+        return RunResult.from_json(reply)
+
+
+def run(
+    trials: Sequence[Trial],
+    *,
+    timeout_s: float = 30.0,
+    warmup: int = 3,
+    repeats: int = 30,
+    worker: Worker | None = None,
+) -> list[RunResult]:
+    """Validate and time ``trials`` one at a time, each bounded by ``timeout_s``; one RunResult per trial.
+
+    A trial whose build failed gets its build's error kind without running. Pass a ``worker`` to reuse
+    one across calls; otherwise one is started and stopped here.
+    """
+    own = worker is None
+    worker = worker or Worker()
+    results: list[RunResult] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="tunebank-run-") as tmp:
+            files: dict[int, str] = {}
+            for trial in trials:
+                if not trial.build.ok:
+                    results.append(RunResult.failure(trial.build.error_kind or "compile", trial.build.error))
+                    continue
+                if id(trial.problem) not in files:
+                    files[id(trial.problem)] = str(Path(tmp) / f"problem{len(files)}.npz")
+                    trial.problem.save(Path(files[id(trial.problem)]))
+                message = {
+                    "backend": trial.build.backend,
+                    "artifact": trial.build.artifact,
+                    "launch": trial.launch.to_json(),
+                    "problem": files[id(trial.problem)],
+                    "tolerance": trial.problem.tolerances(trial.launch),
+                    "warmup": warmup,
+                    "repeats": repeats,
+                }
+                results.append(worker.request(message, timeout_s))
+    finally:
+        if own:
+            worker.close()
+    return results

@@ -1,0 +1,175 @@
+"""The worker process: ``python -m transforms.worker`` reads trial messages (JSON lines) on stdin and writes
+one result per line. Started and restarted by :class:`transforms.run.Worker`; see :mod:`transforms.run`
+for the contract. Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy.
+"""
+
+import ctypes
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from transforms.compilers import cpu, cuda
+from transforms.results import RunResult
+from transforms.run import Buffer, Launch, poisoned, to_float64, to_storage
+
+Call = Callable[[], None]
+Fetch = Callable[[], dict[str, np.ndarray]]
+_CTYPES = {"float64": ctypes.c_double, "float32": ctypes.c_float, "int64": ctypes.c_int64, "int32": ctypes.c_int32}
+
+
+def host_arrays(launch: Launch, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Storage arrays for every buffer: inputs converted, outputs poisoned, scratch zeroed."""
+    arrays = {}
+    for b in launch.buffers:
+        if b.kind == "input":
+            if b.name not in inputs:
+                raise ValueError(f"the problem has no input for buffer {b.name!r}")
+            if inputs[b.name].shape != b.shape:
+                raise ValueError(f"input {b.name!r} has shape {inputs[b.name].shape}, the launch wants {b.shape}")
+            arrays[b.name] = to_storage(inputs[b.name], b.dtype)
+        elif b.kind == "output":
+            arrays[b.name] = poisoned(b.shape, b.dtype)
+        else:
+            arrays[b.name] = to_storage(np.zeros(b.shape), b.dtype)
+    return arrays
+
+
+def check(output: np.ndarray, reference: np.ndarray, tolerance: float) -> tuple[str | None, float | None, str]:
+    """(error kind or None, max relative error over finite elements, message) for one output."""
+    if output.shape != reference.shape:
+        return "wrong", None, f"output shape {output.shape} != reference shape {reference.shape}"
+    finite = np.isfinite(output) & np.isfinite(reference)
+    nonfinite_mismatch = ~finite & (output != reference)
+    scale = 1e-3 * float(np.max(np.abs(reference[finite]), initial=0.0))
+    error = np.abs(output - reference)[finite] / np.maximum(np.abs(reference[finite]), max(scale, 1e-300))
+    worst = float(np.max(error, initial=0.0))
+    if np.any(nonfinite_mismatch & ~np.isfinite(output)):
+        count = int(np.count_nonzero(nonfinite_mismatch & ~np.isfinite(output)))
+        return "nan", worst, f"{count} of {output.size} elements are NaN or infinite"
+    if np.any(nonfinite_mismatch) or worst > tolerance:
+        return "wrong", worst, f"max relative error {worst:.3g} exceeds the tolerance {tolerance:g}"
+    return None, worst, ""
+
+
+class CpuBackend:
+    """Calls ``entry(...)`` of a shared library through ctypes; times with perf_counter_ns."""
+
+    fatal_on_error = False
+
+    def bind(self, artifact: str, launch: Launch, arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
+        function = getattr(cpu.load(artifact), launch.entry)
+        function.restype = None
+        args = [ctypes.c_void_p(arrays[a.name].ctypes.data) if isinstance(a, Buffer) else _CTYPES[a.dtype](a.value)
+                for a in launch.args]
+        return (lambda: function(*args)), (lambda: arrays)
+
+    def time(self, call: Call, warmup: int, repeats: int) -> list[float]:
+        for _ in range(warmup):
+            call()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            call()
+            times.append((time.perf_counter_ns() - start) * 1e-9)
+        return times
+
+
+class CudaBackend:
+    """Launches a kernel of a PTX module with CuPy; times each launch with CUDA events."""
+
+    fatal_on_error = True  # a CUDA error can leave the context unusable: restart the worker
+
+    def __init__(self) -> None:
+        import cupy
+
+        self.cupy = cupy
+
+    def bind(self, artifact: str, launch: Launch, arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
+        cp = self.cupy
+        function = cuda.load(artifact).get_function(launch.entry)
+        device = {name: cp.asarray(array) for name, array in arrays.items()}
+        args = tuple(device[a.name] if isinstance(a, Buffer) else np.dtype(a.dtype).type(a.value)
+                     for a in launch.args)
+
+        def call() -> None:
+            function(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+
+        return call, lambda: {name: cp.asnumpy(array) for name, array in device.items()}
+
+    def time(self, call: Call, warmup: int, repeats: int) -> list[float]:
+        cp = self.cupy
+        for _ in range(warmup):
+            call()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        times = []
+        for _ in range(repeats):
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+        return times
+
+
+_BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBackend, "cuda": CudaBackend}
+
+
+def execute(message: dict[str, Any], problem: dict[str, np.ndarray]) -> tuple[RunResult, bool]:
+    """Run one trial: (result, whether the worker must exit after it)."""
+    launch = Launch.from_json(message["launch"])
+    fatal = False
+    try:
+        backend = _BACKENDS[message["backend"]]()
+        fatal = backend.fatal_on_error
+        arrays = host_arrays(launch, {k[3:]: v for k, v in problem.items() if k.startswith("in.")})
+        call, fetch = backend.bind(message["artifact"], launch, arrays)
+        call()
+        outputs = fetch()
+    except Exception as e:  # any failure to load, bind or launch is this candidate's result
+        return RunResult.failure("launch", f"{type(e).__name__}: {e}"), fatal
+    worst = 0.0
+    for b in launch.buffers:
+        if b.kind == "output":
+            kind, error, text = check(to_float64(outputs[b.name], b.dtype), problem[f"ref.{b.name}"],
+                                      message["tolerance"][b.name])
+            if kind is not None:
+                return RunResult.failure(kind, f"output {b.name!r}: {text}", error), False
+            worst = max(worst, error or 0.0)
+    try:
+        times = np.array(backend.time(call, message["warmup"], message["repeats"]))
+    except Exception as e:
+        return RunResult.failure("launch", f"{type(e).__name__} while timing: {e}"), fatal
+    q1, median, q3 = np.percentile(times, [25, 50, 75])
+    return RunResult(ok=True, median_s=float(median), iqr_s=float(q3 - q1), min_s=float(times.min()),
+                     repeats=len(times), max_rel_err=worst), False
+
+
+def main() -> None:
+    """Serve trial messages until stdin closes. Kernel output on stdout is redirected to stderr."""
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+    def reply(data: dict[str, Any]) -> None:
+        protocol.write(json.dumps(data) + "\n")
+        protocol.flush()
+
+    reply({"ready": True})
+    problem_path, problem = "", {}
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message["problem"] != problem_path:
+            with np.load(message["problem"], allow_pickle=False) as data:
+                problem_path, problem = message["problem"], dict(data)
+        result, fatal = execute(message, problem)
+        reply({**result.to_json(), "fatal": fatal})
+        if fatal:
+            return
+
+
+if __name__ == "__main__":
+    main()
