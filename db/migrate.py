@@ -1,5 +1,6 @@
 """Apply and check Alembic migrations. The scripts ship inside the package: no alembic.ini is needed."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -32,11 +33,20 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> str:
-    """Migrate the database to ``revision``; returns the revision it is at afterwards."""
+    """Migrate the database up to ``revision``; returns the revision it is at afterwards."""
+    return _run(engine, command.upgrade, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> str:
+    """Migrate the database down to ``revision`` (``"base"``: drop everything); returns where it is afterwards."""
+    return _run(engine, command.downgrade, revision)
+
+
+def _run(engine: Engine, step: Callable[[Config, str], None], revision: str) -> str:
     with engine.begin() as connection:
         config = _config()
         config.attributes["connection"] = connection
-        command.upgrade(config, revision)
+        step(config, revision)
     return current_revision(engine) or "base"
 
 

@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 
+from embed.errors import InvalidGraphError
 from embed.ir import DType, Graph, Node, Tensor, TensorRole, validated
 
 
@@ -28,26 +29,26 @@ class GraphBuilder:
             if name not in self.tensors:
                 return name
 
-    def _add(self, name: str | None, hint: str, tensor: Tensor) -> str:
+    def _add(self, name: str | None, hint: str, tensor: dict) -> str:
         name = name or self._fresh(hint)
         if name in self.tensors:
-            raise ValueError(f"tensor {name!r} declared twice")
-        self.tensors[name] = tensor
+            raise InvalidGraphError(f"tensor {name!r} declared twice")
+        self.tensors[name] = validated(Tensor, tensor, f"tensor {name!r}")
         return name
 
     def input(self, name: str, shape: Sequence[int], dtype: DType | str) -> str:
-        self._add(name, "in", Tensor(shape=tuple(shape), dtype=DType(dtype), role=TensorRole.INPUT))
+        self._add(name, "in", {"shape": tuple(shape), "dtype": dtype, "role": TensorRole.INPUT})
         self.inputs.append(name)
         return name
 
     def param(self, name: str, shape: Sequence[int], dtype: DType | str) -> str:
-        self._add(name, "w", Tensor(shape=tuple(shape), dtype=DType(dtype), role=TensorRole.PARAM))
+        self._add(name, "w", {"shape": tuple(shape), "dtype": dtype, "role": TensorRole.PARAM})
         self.inputs.append(name)
         return name
 
     def const(self, value: float | Sequence[float], dtype: DType | str, shape: Sequence[int] = ()) -> str:
         values = (float(value),) if isinstance(value, (int, float)) else tuple(float(v) for v in value)
-        tensor = Tensor(shape=tuple(shape), dtype=DType(dtype), role=TensorRole.CONST, value=values)
+        tensor = {"shape": tuple(shape), "dtype": dtype, "role": TensorRole.CONST, "value": values}
         return self._add(None, "c", tensor)
 
     def node(
@@ -62,14 +63,19 @@ class GraphBuilder:
         **attrs: int | float | bool | str | list[int],
     ) -> str:
         """Append ``op(inputs)`` producing one tensor of ``shape``/``dtype``; returns its name."""
-        out = self._add(name, "t", Tensor(shape=tuple(shape), dtype=DType(dtype)))
-        self.nodes.append(Node(op=op, inputs=tuple(inputs), outputs=(out,), attrs=attrs))
+        out = self._add(name, "t", {"shape": tuple(shape), "dtype": dtype})
+        self.nodes.append(
+            validated(Node, {"op": op, "inputs": tuple(inputs), "outputs": (out,), "attrs": attrs}, f"node {op!r}")
+        )
         return out
 
-    def opaque(self, op_name: str, inputs: Sequence[str], outputs: Sequence[tuple[Sequence[int], DType | str]]) -> list[str]:
+    def opaque(
+        self, op_name: str, inputs: Sequence[str], outputs: Sequence[tuple[Sequence[int], DType | str]]
+    ) -> list[str]:
         """Append an op outside the op set; returns its output names."""
-        names = [self._add(None, "t", Tensor(shape=tuple(s), dtype=DType(d))) for s, d in outputs]
-        self.nodes.append(Node(op="opaque", inputs=tuple(inputs), outputs=tuple(names), attrs={"name": op_name[:256]}))
+        names = [self._add(None, "t", {"shape": tuple(s), "dtype": d}) for s, d in outputs]
+        node = {"op": "opaque", "inputs": tuple(inputs), "outputs": tuple(names), "attrs": {"name": op_name[:256]}}
+        self.nodes.append(validated(Node, node, f"node {op_name[:64]!r}"))
         return names
 
     def build(self, outputs: Sequence[str]) -> Graph:

@@ -27,9 +27,9 @@ MAX_LIST = 64
 MAX_CONST_ELEMENTS = 64
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
-AttrValue = int | float | bool | Annotated[str, Field(max_length=MAX_NAME)] | Annotated[
-    list[int], Field(max_length=MAX_LIST)
-]
+AttrValue = (
+    int | float | bool | Annotated[str, Field(max_length=MAX_NAME)] | Annotated[list[int], Field(max_length=MAX_LIST)]
+)
 
 
 class DType(StrEnum):
@@ -51,15 +51,20 @@ class DType(StrEnum):
 
 
 _ITEMSIZE = {
-    DType.FLOAT64: 8, DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2,
-    DType.INT64: 8, DType.INT32: 4, DType.BOOL: 1,
+    DType.FLOAT64: 8,
+    DType.FLOAT32: 4,
+    DType.FLOAT16: 2,
+    DType.BFLOAT16: 2,
+    DType.INT64: 8,
+    DType.INT32: 4,
+    DType.BOOL: 1,
 }
 
 
 class TensorRole(StrEnum):
-    INPUT = "input"          # supplied at run time
-    PARAM = "param"          # a weight: supplied once, constant across calls
-    CONST = "const"          # a small literal carried in the IR (``value``)
+    INPUT = "input"  # supplied at run time
+    PARAM = "param"  # a weight: supplied once, constant across calls
+    CONST = "const"  # a small literal carried in the IR (``value``)
     INTERMEDIATE = "intermediate"  # produced by a node
 
 

@@ -8,7 +8,8 @@ Every node lands in exactly one subgraph. Nodes are grouped by op class (``embed
   stays one unit.
 * Reduction prologue (decided first): a pointwise node that feeds a reduction directly joins the
   reduction's group (``add`` + ``layer_norm``, the scale and mask before ``softmax``), and so does,
-  going backwards, every pointwise node all of whose consumers are already in that group.
+  going backwards, every pointwise node all of whose consumers are already in that group; nodes
+  that hang off an earlier reduction through pointwise nodes only are left to be its epilogue.
 * Epilogue: walking the nodes in order, a pointwise node joins the group of a producer that is an
   anchor group (bias, activation, residual, scale, batch norm) when it can, else a pointwise group
   of a producer, so pointwise chains (with broadcasting) fuse. Contractions, convolutions and sparse
@@ -79,6 +80,15 @@ class _Partitioner:
         for i, node in enumerate(graph.nodes):
             self.group_of.append(i)
             self.groups[i] = self._singleton(i, node)
+        # Pointwise nodes downstream of a reduction through pointwise nodes only: its epilogue candidates.
+        self.reduction_epilogues: set[int] = set()
+        for i, node in enumerate(graph.nodes):
+            if self.groups[i].pure and any(
+                t in self.producer
+                and (self.producer[t] in self.reduction_epilogues or self.groups[self.producer[t]].rows is not None)
+                for t in node.inputs
+            ):
+                self.reduction_epilogues.add(i)
 
     def _singleton(self, i: int, node: Node) -> _Group:
         cls = node.op_class
@@ -187,7 +197,7 @@ class _Partitioner:
 
     def _claimable(self, i: int) -> bool:
         group = self.groups[self.group(i)]
-        return len(group.nodes) == 1 and group.pure
+        return len(group.nodes) == 1 and group.pure and i not in self.reduction_epilogues
 
     def fuse(self) -> None:
         """Walk the nodes in order and merge each into a producer group where the rules allow it."""

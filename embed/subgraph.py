@@ -7,13 +7,13 @@ from embed.ir import Graph
 
 
 class SubgraphKind(StrEnum):
-    POINTWISE = "pointwise"      # a chain of elementwise ops (with broadcasting)
-    REDUCTION = "reduction"      # a reduction with its prologue/epilogue (softmax, norms, cross-entropy, sum/mean/max)
+    POINTWISE = "pointwise"  # a chain of elementwise ops (with broadcasting)
+    REDUCTION = "reduction"  # a reduction with its prologue/epilogue (softmax, norms, cross-entropy, sum/mean/max)
     CONTRACTION = "contraction"  # matmul/linear/bmm with its epilogue (bias, activation, residual, scale)
     CONVOLUTION = "convolution"  # conv2d / pooling with its epilogue
-    SPARSE = "sparse"            # sparse x dense product (SpMM) with its epilogue
-    LAYOUT = "layout"            # transpose/permute/reshape/concat/slice/gather
-    OPAQUE = "opaque"            # holds an op outside the op set: not tunable
+    SPARSE = "sparse"  # sparse x dense product (SpMM) with its epilogue
+    LAYOUT = "layout"  # transpose/permute/reshape/concat/slice/gather
+    OPAQUE = "opaque"  # holds an op outside the op set: not tunable
 
 
 @dataclass(frozen=True)

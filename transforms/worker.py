@@ -46,7 +46,7 @@ def check(output: np.ndarray, reference: np.ndarray, tolerance: float) -> tuple[
     finite = np.isfinite(output) & np.isfinite(reference)
     nonfinite_mismatch = ~finite & (output != reference)
     scale = 1e-3 * float(np.max(np.abs(reference[finite]), initial=0.0))
-    error = np.abs(output - reference)[finite] / np.maximum(np.abs(reference[finite]), max(scale, 1e-300))
+    error = np.abs(output[finite] - reference[finite]) / np.maximum(np.abs(reference[finite]), max(scale, 1e-300))
     worst = float(np.max(error, initial=0.0))
     if np.any(nonfinite_mismatch & ~np.isfinite(output)):
         count = int(np.count_nonzero(nonfinite_mismatch & ~np.isfinite(output)))

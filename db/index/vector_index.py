@@ -205,7 +205,7 @@ def _subgraphs_of(session: Session, ids: list[int], kinds: set[str] | frozenset[
     query = query.where(Embedding.id.in_(ids))
     if kinds is not None:
         query = query.where(Subgraph.kind.in_(sorted(kinds)))
-    return {embedding_id: subgraph for embedding_id, subgraph in session.execute(query).tuples().all()}
+    return {embedding_id: subgraph for embedding_id, subgraph in session.execute(query).all()}
 
 
 def _slug(text: str) -> str:

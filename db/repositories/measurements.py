@@ -109,7 +109,7 @@ def ingest_measurements(session: Session, records: Iterable[MeasurementIn | Mapp
 def _device_ids(session: Session, names: set[str]) -> dict[str, int]:
     ids: dict[str, int] = {}
     for page in pages(sorted(names)):
-        ids.update(session.execute(select(Device.name, Device.id).where(Device.name.in_(page))).tuples().all())
+        ids.update(session.execute(select(Device.name, Device.id).where(Device.name.in_(page))).all())
     missing = sorted(names - set(ids))
     if missing:
         raise InvalidRecordError(f"unknown device {missing[0]!r}; register it first")

@@ -23,6 +23,6 @@ def ensure_recipes(session: Session, canonicals: Iterable[str]) -> dict[str, int
     for page in pages(wanted):
         session.execute(statement, [{"canonical": c} for c in page])
         ids.update(
-            session.execute(select(Recipe.canonical, Recipe.id).where(Recipe.canonical.in_(page))).tuples().all()
+            session.execute(select(Recipe.canonical, Recipe.id).where(Recipe.canonical.in_(page))).all()
         )
     return ids

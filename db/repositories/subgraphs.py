@@ -36,7 +36,7 @@ def subgraph_ids(session: Session, hashes: Iterable[str]) -> dict[str, int]:
     ids: dict[str, int] = {}
     for page in pages(wanted):
         query = select(Subgraph.structural_hash, Subgraph.id).where(Subgraph.structural_hash.in_(page))
-        ids.update(session.execute(query).tuples().all())
+        ids.update(session.execute(query).all())
     missing = [h for h in wanted if h not in ids]
     if missing:
         raise InvalidRecordError(f"unknown subgraph {missing[0]!r} ({len(missing)} unknown); add the subgraphs first")

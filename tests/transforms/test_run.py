@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
 
+from transforms import run as runner
 from transforms.build import Source, build
 from transforms.results import BuildResult
-from transforms.run import Buffer, Launch, Problem, Scalar, Trial, Worker, poisoned, quantize, run, to_float64, to_storage
+from transforms.run import Buffer, Launch, Problem, Scalar, Trial, Worker, run
 
 N = 4096
 SIGNATURE = "void vadd(const float* a, const float* b, float* c, int n)"
@@ -32,7 +33,7 @@ def built(tmp_path_factory):
 def problem():
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal(N), rng.standard_normal(N)
-    return Problem({"a": a, "b": b}, {"c": quantize(a, "float32") + quantize(b, "float32")})
+    return Problem({"a": a, "b": b}, {"c": runner.quantize(a, "float32") + runner.quantize(b, "float32")})
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,9 @@ HALF_SUM = """void rowsum(const {t}* x, {t}* y, int rows, int cols) {{
 BF16 = """#include <stdint.h>
 #include <string.h>
 static float load_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-static uint16_t store_bf16(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }
+static uint16_t store_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4); return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
 """
 
 
@@ -118,12 +121,13 @@ static uint16_t store_bf16(float f) { uint32_t u; memcpy(&u, &f, 4); return (uin
 def test_low_precision_outputs_use_their_dtype_tolerance(tmp_path, dtype, ctype, prelude, load, store):
     rows, cols = 64, 256
     x = np.random.default_rng(1).uniform(0.5, 1.5, (rows, cols))
-    reference = {"y": quantize(x, dtype).sum(axis=1)}
+    reference = {"y": runner.quantize(x, dtype).sum(axis=1)}
     launch = Launch("rowsum", (Buffer("x", (rows, cols), dtype), Buffer("y", (rows,), dtype, "output"),
                                Scalar("rows", rows), Scalar("cols", cols)))
-    sources = [Source(prelude + HALF_SUM.format(t=ctype, load=load, store=store, bias=bias)) for bias in ("", " * 1.2f")]
-    good, bad = build(sources, cache_dir=tmp_path)
-    ok, wrong = run([Trial(good, launch, Problem({"x": x}, reference)), Trial(bad, launch, Problem({"x": x}, reference))])
+    codes = [prelude + HALF_SUM.format(t=ctype, load=load, store=store, bias=bias) for bias in ("", " * 1.2f")]
+    good, bad = build([Source(code) for code in codes], cache_dir=tmp_path)
+    problem = Problem({"x": x}, reference)
+    ok, wrong = run([Trial(good, launch, problem), Trial(bad, launch, problem)])
     assert ok.ok and 0 < ok.max_rel_err < {"float16": 1e-2, "bfloat16": 3e-2}[dtype], ok
     assert wrong.error_kind == "wrong" and 0.15 < wrong.max_rel_err < 0.25
 
@@ -131,16 +135,16 @@ def test_low_precision_outputs_use_their_dtype_tolerance(tmp_path, dtype, ctype,
 def test_bfloat16_storage_rounds_like_torch():
     torch = pytest.importorskip("torch")
     values = np.random.default_rng(2).standard_normal(10_000).astype(np.float32) * 1e3
-    ours = to_storage(values, "bfloat16")
-    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    np.testing.assert_array_equal(ours, theirs)
-    np.testing.assert_array_equal(quantize(values, "bfloat16"), torch.from_numpy(values).to(torch.bfloat16).double())
+    ours = runner.to_storage(values, "bfloat16")
+    rounded = torch.from_numpy(values).to(torch.bfloat16)
+    np.testing.assert_array_equal(ours, rounded.view(torch.int16).numpy().view(np.uint16))
+    np.testing.assert_array_equal(runner.quantize(values, "bfloat16"), rounded.double().numpy())
 
 
 def test_poison_is_nan_for_floats_and_the_minimum_for_ints():
-    assert np.isnan(poisoned((3,), "float16")).all() and np.isnan(quantize(np.nan, "bfloat16"))
-    assert np.isnan(to_float64(poisoned((2,), "bfloat16"), "bfloat16")).all()
-    assert (poisoned((2,), "int32") == np.iinfo(np.int32).min).all()
+    assert np.isnan(runner.poisoned((3,), "float16")).all() and np.isnan(runner.quantize(np.nan, "bfloat16"))
+    assert np.isnan(runner.to_float64(runner.poisoned((2,), "bfloat16"), "bfloat16")).all()
+    assert (runner.poisoned((2,), "int32") == np.iinfo(np.int32).min).all()
 
 
 def test_launch_round_trips_through_json():
@@ -156,3 +160,35 @@ def test_contract_rejects_bad_descriptions():
         Launch("k", (Scalar("n", 1), Scalar("n", 2)))
     with pytest.raises(ValueError, match="C identifier"):
         Buffer("x-y", (1,), "float32")
+
+
+def _gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.is_available()
+    except ImportError:
+        return False
+
+
+CUDA_VADD = """extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] BODY;
+}"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs an NVIDIA GPU with CuPy")
+def test_cuda_kernels_are_validated_timed_and_isolated(tmp_path, problem):
+    variants = {"correct": "+ b[i]", "wrong": "- b[i]", "crash": "+ b[i]; if (i == 0) ((float*)0)[1 << 20] = 1.0f"}
+    built = build([Source(CUDA_VADD.replace("BODY", body), backend="cuda") for body in variants.values()],
+                  cache_dir=tmp_path)
+    assert all(b.ok for b in built), [b.error for b in built]
+    launch = Launch("vadd", LAUNCH.args, grid=((N + 255) // 256, 1, 1), block=(256, 1, 1))
+    correct, wrong, crash = (Trial(b, launch, problem) for b in built)
+    with Worker() as w:
+        results = run([correct, wrong, crash, correct], worker=w, repeats=20)
+        assert [r.error_kind for r in results] == [None, "wrong", "launch", None], [r.error for r in results]
+        assert w.starts == 2  # a CUDA error ends the worker; the next trial gets a fresh one
+    assert results[0].repeats == 20 and 0 < results[0].min_s <= results[0].median_s < 1e-3
+    assert results[0].max_rel_err < 1e-6

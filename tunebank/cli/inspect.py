@@ -1,7 +1,6 @@
 """``tunebank inspect MODEL``: the subgraphs of a model, their kinds, sizes and static features."""
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -122,7 +121,9 @@ def inspect_command(
     kinds = Counter(sub.kind.value for sub in subgraphs)
     reasons = Counter(sub.not_tunable_reason for sub in subgraphs if not sub.tunable)
     distinct = len({sub.structural_hash for sub in subgraphs})
-    console.print(f"{len(subgraphs)} subgraphs ({distinct} distinct): " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+    console.print(
+        f"{len(subgraphs)} subgraphs ({distinct} distinct): " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+    )
     not_tunable = sum(reasons.values())
     console.print(f"not tunable: {not_tunable}" + "".join(f"\n  {n} x {reason}" for reason, n in reasons.items()))
     if json_path is not None:

@@ -1,0 +1,55 @@
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from db.errors import SchemaOutOfDateError
+from db.migrate import MIGRATIONS, check_schema, current_revision, downgrade, head_revision, upgrade
+from db.models import Base
+from db.session import Database
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def empty_database(request, tmp_path: Path):
+    if request.param == "sqlite":
+        database = Database(f"sqlite:///{tmp_path / 'empty.db'}")
+    else:
+        from conftest import pg_url  # the session fixture makes and later drops the schema
+
+        database = Database(pg_url(request.getfixturevalue("pg_schema_factory")("migrate")))
+    yield database
+    database.dispose()
+
+
+def test_scripts_ship_inside_the_package() -> None:
+    assert MIGRATIONS.is_dir() and (MIGRATIONS / "env.py").is_file()
+    assert head_revision() == "0001"
+
+
+def test_upgrade_from_empty_creates_every_table_and_matches_the_models(empty_database: Database) -> None:
+    with pytest.raises(SchemaOutOfDateError, match="run `tunebank db upgrade`"):
+        check_schema(empty_database.engine)
+    assert upgrade(empty_database.engine) == head_revision()
+    check_schema(empty_database.engine)
+    tables = set(inspect(empty_database.engine).get_table_names())
+    assert {t.name for t in Base.metadata.sorted_tables} | {"alembic_version"} == tables
+    with empty_database.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata) == []
+
+
+def test_upgrade_is_repeatable_and_downgrade_round_trips(empty_database: Database) -> None:
+    upgrade(empty_database.engine)
+    assert upgrade(empty_database.engine) == "0001"
+    assert downgrade(empty_database.engine, "base") == "base"
+    assert current_revision(empty_database.engine) is None
+    assert upgrade(empty_database.engine) == "0001"
+
+
+def test_a_schema_from_a_newer_release_is_refused(empty_database: Database) -> None:
+    upgrade(empty_database.engine)
+    with empty_database.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    with pytest.raises(SchemaOutOfDateError, match="does not know"):
+        check_schema(empty_database.engine)
