@@ -4,8 +4,8 @@ Floating-point buffers are computed in float64 whatever their declared dtype; in
 int64 and bool buffers bool. Evaluation is vectorised: each nest is a grid with one numpy axis per
 dimension, every value is an array that is size 1 along the dims it does not depend on, loads are
 strided views (affine, in bounds) or gathers (indirect, padded, ragged), reductions are ufunc
-reductions over the reduction axes, and ``sum(a * b)`` is contracted with ``np.einsum`` (BLAS), so
-a matmul never materialises its M x N x K grid. A ragged dimension spans the longest range and is
+reductions over the reduction axes, and ``sum(a * b)`` is one batched ``np.matmul`` (BLAS), so a
+matmul never materialises its M x N x K grid. A ragged dimension spans the longest range and is
 masked to each row's own range.
 """
 
@@ -258,20 +258,30 @@ class _NestEval:
         return _UFUNC[combiner].reduce(value, axis=red, keepdims=True)
 
     def contract(self, body: Call, red: tuple[int, ...]) -> np.ndarray:
-        """``sum over red of a * b`` by einsum over the axes each operand really has."""
+        """``sum over red of a * b`` as one batched matmul over the axes each operand really has."""
         a, b = (self.expr(x) for x in body.args)
         if self.mask is not None:
             a, b = np.where(self.mask, a, 0), np.where(self.mask, b, 0)
-        keep_a = [k for k in range(self.nd) if a.shape[k] != 1]
-        keep_b = [k for k in range(self.nd) if b.shape[k] != 1]
-        out_axes = [k for k in range(self.nd) if k not in red and (k in keep_a or k in keep_b)]
-        squeeze_a = tuple(k for k in range(self.nd) if k not in keep_a)
-        squeeze_b = tuple(k for k in range(self.nd) if k not in keep_b)
-        result = np.einsum(np.squeeze(a, squeeze_a), keep_a, np.squeeze(b, squeeze_b), keep_b, out_axes, optimize=True)
-        absent = math.prod(self.shape[k] for k in red if k not in keep_a and k not in keep_b)
+        has_a = {k for k in range(self.nd) if a.shape[k] != 1}
+        has_b = {k for k in range(self.nd) if b.shape[k] != 1}
+        absent = math.prod(self.shape[k] for k in red if k not in has_a | has_b)
+        own_a, own_b = tuple(sorted(has_a - has_b & set(red))), tuple(sorted(has_b - has_a & set(red)))
+        a, b = a.sum(axis=own_a, keepdims=True), b.sum(axis=own_b, keepdims=True)
+        both = sorted(has_a & has_b)
+        batch, inner = [k for k in both if k not in red], [k for k in both if k in red]
+        rows, cols = sorted(has_a - has_b - set(own_a)), sorted(has_b - has_a - set(own_b))
+        product = np.matmul(self.pack(a, [batch, rows, inner]), self.pack(b, [batch, inner, cols]))
         if absent != 1:
-            result = result * absent
-        return np.asarray(result).reshape([self.shape[k] if k in out_axes else 1 for k in range(self.nd)])
+            product = product * absent
+        axes = batch + rows + cols
+        product = product.reshape([self.shape[k] for k in axes]).transpose(np.argsort(axes))
+        return product.reshape([self.shape[k] if k in axes else 1 for k in range(self.nd)])
+
+    def pack(self, x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
+        """``x`` with its axes regrouped (each group flattened, size-1 axes dropped) into a 3-D array."""
+        order = [k for g in groups for k in g]
+        x = x.transpose(order + [k for k in range(self.nd) if k not in order])
+        return x.reshape([math.prod(self.shape[k] for k in g) for g in groups])
 
 
 def _has_acc(expr: Expr) -> bool:

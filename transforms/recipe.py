@@ -195,8 +195,6 @@ class _Parser:
 
     def step(self) -> Step:
         _, name, column = self.take("name")
-        if len(name) > MAX_IDENT:
-            self.fail(f"step name longer than {MAX_IDENT} characters", column)
         self.take("punct", "(")
         args: list[Param] = []
         kwargs: dict[str, Param] = {}

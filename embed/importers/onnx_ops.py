@@ -14,12 +14,12 @@ from onnx.reference import ReferenceEvaluator
 
 from embed.errors import ModelImportError
 from embed.importers.lowering import broadcast, rounded
-from embed.ir import MAX_LIST, DType
+from embed.ir import MAX_CONST_ELEMENTS, MAX_LIST, DType
 
 if TYPE_CHECKING:
     from embed.importers.onnx_importer import _Importer
 
-Value = str | np.ndarray
+Value = str | np.ndarray | list[str]  # an IR tensor, a static array, or a sequence
 _NP_DTYPES = {"float32": DType.FLOAT32, "float64": DType.FLOAT64, "float16": DType.FLOAT16,
               "bfloat16": DType.BFLOAT16, "int64": DType.INT64, "int32": DType.INT32, "bool": DType.BOOL}
 
@@ -87,7 +87,9 @@ class OnnxNode:
         if not present or any(self.static(i) is None for i in present):
             return False
         shapes = [self.imp.types.get(o, (None, 0))[0] for o in self.node.output]
-        return all(s is not None and math.prod(s) <= limit for s in shapes)
+        if self.node.op_type in _GROWING:  # their output may dwarf their inputs: fold only when known small
+            return all(s is not None and math.prod(s) <= limit for s in shapes)
+        return all(s is None or math.prod(s) <= limit for s in shapes)
 
     def fold(self) -> list[Value]:
         feeds = {self.node.input[i]: self.static(i) for i in range(len(self.node.input)) if self.has(i)}
@@ -114,6 +116,9 @@ FOLDABLE = frozenset({
     "Reshape", "Equal", "Where", "Range", "ConstantOfShape", "Expand", "Identity", "ReduceProd", "Max", "Min",
     "Abs", "Floor", "Ceil", "Sqrt", "Less", "Greater", "Not", "And", "Or", "Transpose", "Tile", "Mod",
 })
+
+
+_GROWING = frozenset({"Expand", "ConstantOfShape", "Range", "Tile"})
 
 
 def converter(*ops: str, domain: str = "") -> Callable[[Converter], Converter]:
@@ -318,8 +323,11 @@ def _reshape(n: OnnxNode) -> list[Value]:
 
 @converter("Expand")
 def _expand(n: OnnxNode) -> list[Value]:
+    shape = broadcast(n.shape(0), tuple(n.ints(1)))
+    value = n.static(0)
+    if value is not None and math.prod(shape) <= MAX_CONST_ELEMENTS:
+        return [np.broadcast_to(value, shape).copy()]
     x = n.x(0)
-    shape = broadcast(n.lw.shape(x), tuple(n.ints(1)))
     return [x if n.lw.shape(x) == shape else n.lw.emit("expand", [x], shape, n.lw.dtype(x), shape=list(shape))]
 
 
@@ -357,6 +365,28 @@ def _split(n: OnnxNode) -> list[Value]:
     x = n.x(0)
     axis = n.attr("axis", 0) % len(n.lw.shape(x))
     return n.lw.split(x, axis, [n.out(k)[0][axis] for k in range(len(n.node.output))])  # type: ignore[return-value]
+
+
+@converter("SplitToSequence")
+def _split_to_sequence(n: OnnxNode) -> list[Value]:
+    x = n.x(0)
+    shape = n.lw.shape(x)
+    axis = n.attr("axis", 0) % len(shape)
+    sizes = n.ints(1) if n.has(1) else [1] * shape[axis]
+    if len(sizes) == 1 and shape[axis] != sizes[0]:
+        sizes = [sizes[0]] * (shape[axis] // sizes[0]) + ([shape[axis] % sizes[0]] if shape[axis] % sizes[0] else [])
+    parts = n.lw.split(x, axis, sizes)
+    if not n.has(1) and not n.attr("keepdims", 1):
+        parts = [n.lw.reshape(p, shape[:axis] + shape[axis + 1:]) for p in parts]
+    return [parts]
+
+
+@converter("SequenceAt")
+def _sequence_at(n: OnnxNode) -> list[Value]:
+    sequence = n.imp.values[n.node.input[0]]
+    if not isinstance(sequence, list):
+        return n.as_opaque()
+    return [sequence[n.ints(1)[0]]]
 
 
 @converter("Gather")

@@ -1,0 +1,66 @@
+"""``tunebank db upgrade|stats``: apply the schema migrations; print what the database holds."""
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from db.errors import DbError
+from db.migrate import check_schema, current_revision, upgrade
+from db.repositories.stats import coverage
+from db.session import Database
+from tunebank.cli.errors import fail
+from tunebank.settings import Settings
+
+app = typer.Typer(help="The performance database: migrations and statistics.", no_args_is_help=True)
+console = Console(width=None if Console().is_terminal else 200)
+
+
+def _open() -> Database:
+    try:
+        return Database(Settings().resolved_database_url)
+    except DbError as e:
+        fail(str(e))
+
+
+@app.command("upgrade")
+def upgrade_command(
+    revision: Annotated[str, typer.Option("--to", help="target revision")] = "head",
+) -> None:
+    """Apply the schema migrations (creates the database if it does not exist)."""
+    database = _open()
+    try:
+        before = current_revision(database.engine) or "empty"
+        after = upgrade(database.engine, revision)
+    except Exception as e:  # noqa: BLE001 (alembic and driver errors: one line, no traceback)
+        fail(f"cannot upgrade {database.engine.url.render_as_string()}: {e}")
+    finally:
+        database.dispose()
+    console.print(f"{database.engine.url.render_as_string()}: schema {before} -> {after}", markup=False)
+
+
+@app.command("stats")
+def stats_command() -> None:
+    """Rows per table, and per device and per subgraph kind what is measured and embedded."""
+    database = _open()
+    try:
+        check_schema(database.engine)
+        with database.scope() as session:
+            stats = coverage(session)
+    except DbError as e:
+        fail(str(e))
+    finally:
+        database.dispose()
+    tables = Table("table", "rows", title="Tables")
+    for name, count in stats.tables.items():
+        tables.add_row(name, f"{count:,}")
+    devices = Table("device", "class", "measurements", "ok", "subgraphs measured", "embeddings", title="Per device")
+    for d in stats.devices:
+        devices.add_row(d.device, d.device_class, f"{d.measurements:,}", f"{d.ok_measurements:,}",
+                        f"{d.subgraphs_measured:,}", f"{d.embeddings:,}")  # fmt: skip
+    kinds = Table("kind", "subgraphs", "with an ok measurement", "measurements", title="Per subgraph kind")
+    for k in stats.kinds:
+        kinds.add_row(k.kind, f"{k.subgraphs:,}", f"{k.subgraphs_with_ok_measurement:,}", f"{k.measurements:,}")
+    for table in (tables, devices, kinds):
+        console.print(table)
