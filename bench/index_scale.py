@@ -2,9 +2,12 @@
 
     .venv/bin/python bench/index_scale.py --n 1000000 --out bench/results/index_scale.md
 
-Vectors are random (standard normal, 128-d, fixed seed); queries come from the same distribution and are not in the
-set. Each index is built with ``db.index.factory.new_index`` (the code path the service uses) and then queried one
-vector at a time, as a request would, under each search parameter string given for it.
+Vectors are random, 128-d, fixed seed: ``--data random`` draws them from a standard normal (no structure: the hard
+case for approximate search), ``--data clustered`` around 10,000 random centres (structure like that of real
+embeddings, which gather by subgraph family). Queries come from the same distribution and are not in the set.
+Each index is built with ``db.index.factory.new_index`` (the code path the service uses) with all cores, then
+queried one vector at a time on one thread, as one request would be, under each search parameter string.
+``--append`` adds the run as a section to an existing results file.
 """
 
 import argparse
@@ -23,7 +26,7 @@ from db.index.factory import Metric, new_index, set_search_params
 
 SWEEPS: dict[str, list[str]] = {
     "Flat": [""],
-    "HNSW32": ["efSearch=64", "efSearch=128", "efSearch=256", "efSearch=512", "efSearch=1024", "efSearch=2048"],
+    "HNSW32": ["efSearch=64", "efSearch=128", "efSearch=256", "efSearch=512", "efSearch=1024", "efSearch=4096"],
     "IVF1024,PQ32": ["nprobe=16", "nprobe=64"],
     "IVF1024,PQ32,RFlat": ["nprobe=16,k_factor_rf=8", "nprobe=64,k_factor_rf=32"],
 }
@@ -74,11 +77,14 @@ def bench_factory(factory: str, data: np.ndarray, queries: np.ndarray, truth: np
         set_search_params(index, params)
         found = np.empty((len(queries), k), dtype=np.int64)
         latencies = []
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
         for i, q in enumerate(queries[:n_timed]):
             t0 = time.perf_counter()
             _, ids = index.search(q[None, :], k)
             latencies.append(time.perf_counter() - t0)
             found[i] = ids[0]
+        faiss.omp_set_num_threads(threads)
         if n_timed < len(queries):
             found[n_timed:] = index.search(queries[n_timed:], k)[1]
         ms = np.array(latencies) * 1e3
@@ -98,6 +104,20 @@ def bench_factory(factory: str, data: np.ndarray, queries: np.ndarray, truth: np
     return rows
 
 
+def make_data(kind: str, n: int, n_queries: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    if kind == "random":
+        return rng.standard_normal((n, dim), dtype=np.float32), rng.standard_normal((n_queries, dim), dtype=np.float32)
+    centres = rng.standard_normal((10_000, dim), dtype=np.float32)
+
+    def draw(count: int) -> np.ndarray:
+        return centres[rng.integers(len(centres), size=count)] + 0.25 * rng.standard_normal(
+            (count, dim), dtype=np.float32
+        )
+
+    return draw(n), draw(n_queries)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -105,23 +125,23 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--factories", default=";".join(SWEEPS), help="';'-separated factory strings")
+    parser.add_argument("--data", choices=["random", "clustered"], default="random")
     parser.add_argument("--out", type=Path, default=None, help="markdown file for the results")
+    parser.add_argument("--append", action="store_true", help="add a section to --out instead of replacing it")
     args = parser.parse_args()
     factories = args.factories.split(";")
-    rng = np.random.default_rng(0)
-    data = rng.standard_normal((args.n, args.dim), dtype=np.float32)
-    queries = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
+    data, queries = make_data(args.data, args.n, args.queries, args.dim)
     exact = faiss.IndexFlatL2(args.dim)
     exact.add(data)
     truth = exact.search(queries, args.k)[1]
     del exact
     rows = [row for factory in factories for row in bench_factory(factory, data, queries, truth, args.k)]
     lines = [
-        f"# Vector index at scale ({args.n:,} x {args.dim}-d random vectors, L2)",
+        f"## {args.n:,} x {args.dim}-d {args.data} vectors, L2",
         "",
-        f"- device: {device()}, FAISS {faiss.__version__}, {faiss.omp_get_max_threads()} OpenMP threads",
-        f"- date: {dt.date.today().isoformat()}",
-        f"- {args.queries} queries, one at a time; recall@{args.k} against exact search "
+        f"- device: {device()}, FAISS {faiss.__version__}; built on {faiss.omp_get_max_threads()} OpenMP threads",
+        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; load average before the run: {os.getloadavg()[0]:.1f}",
+        f"- {args.queries} queries, one at a time on one thread; recall@{args.k} against exact search "
         "(Flat latency from the first 200 queries)",
         "- memory: resident-set growth while building the index",
         "",
@@ -135,8 +155,10 @@ def main() -> None:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    if args.out and args.append and args.out.exists():
+        args.out.write_text(args.out.read_text() + "\n" + text)
+    elif args.out:
+        args.out.write_text("# Vector index at scale\n\n" + text)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Floating-point buffers are computed in float64 whatever their declared dtype; integer buffers stay
 int64 and bool buffers bool. Evaluation is vectorised: each nest is a grid with one numpy axis per
 dimension, every value is an array that is size 1 along the dims it does not depend on, loads are
-strided views (affine, in bounds) or gathers (indirect, padded, ragged), reductions are ufunc
+strided views (affine; a padded access views a padded copy) or gathers (indirect, ragged), reductions are ufunc
 reductions over the reduction axes, and ``sum(a * b)`` is one batched ``np.matmul`` (BLAS), so a
 matmul never materialises its M x N x K grid. A ragged dimension spans the longest range and is
 masked to each row's own range.
@@ -34,7 +34,6 @@ from embed.loopnest import (
     LoopNest,
     LoopProgram,
     Mod,
-    index_range,
 )
 
 
@@ -72,6 +71,7 @@ _OPS = {
     "where": lambda c, a, b: np.where(c.astype(bool), a, b),
 }
 _UFUNC = {Combiner.SUM: np.add, Combiner.MAX: np.maximum, Combiner.MIN: np.minimum}
+_CHUNK = 1 << 23  # elements (64 MiB of float64) a nest evaluates at once, split along its outermost dim
 
 
 def numpy_dtype(dtype: DType) -> type[np.generic]:
@@ -99,11 +99,28 @@ def evaluate(program: LoopProgram, inputs: Mapping[str, np.ndarray]) -> dict[str
             env[buf.name] = np.full(buf.shape, np.nan) if dtype is np.float64 else np.zeros(buf.shape, dtype)
     with np.errstate(all="ignore"):
         for nest in program.nests:
-            _NestEval(nest, env).run()
+            pad_cache: dict[tuple, np.ndarray] = {}
+            for rows in _row_chunks(nest):
+                _NestEval(nest, env, pad_cache, rows).run()
     return {
         name: env[name] if program.buffers[name].kind == BufferKind.OUTPUT else env[name].copy()
         for name in program.outputs
     }
+
+
+def _row_chunks(nest: LoopNest) -> list[range | None]:
+    """Ranges of the outermost parallel dim that keep each evaluation step near ``_CHUNK`` elements."""
+    st = nest.statement
+    if st.combiner == Combiner.SUM and isinstance(st.body, Call) and st.body.op == "mul":
+        loads = [math.prod(d.extent for d in nest.dims if d.name in a.dims()) for a in nest.loads()]
+        size = max([nest.parallel_iterations, *loads])
+    else:
+        size = nest.iterations
+    if size <= _CHUNK or not nest.dims or nest.dims[0].kind != DimKind.PARALLEL:
+        return [None]
+    extent = nest.dims[0].extent
+    step = max(1, extent * _CHUNK // size)
+    return [range(lo, min(lo + step, extent)) for lo in range(0, extent, step)]
 
 
 def _along(values: np.ndarray, axis: int, nd: int) -> np.ndarray:
@@ -111,21 +128,26 @@ def _along(values: np.ndarray, axis: int, nd: int) -> np.ndarray:
 
 
 class _NestEval:
-    """One nest on a grid with one axis per dimension (outer -> inner)."""
+    """One nest on a grid with one axis per dimension (outer -> inner); ``rows`` limits the outermost."""
 
-    def __init__(self, nest: LoopNest, env: dict[str, np.ndarray]) -> None:
-        self.nest, self.env = nest, env
+    def __init__(
+        self, nest: LoopNest, env: dict[str, np.ndarray], pad_cache: dict[tuple, np.ndarray], rows: range | None
+    ) -> None:
+        self.nest, self.env, self.pad_cache = nest, env, pad_cache
         self.nd = len(nest.dims)
         self.axis = {d.name: k for k, d in enumerate(nest.dims)}
-        self.extents = nest.extents
+        self.dense = {d.name for d in nest.dims if d.ragged is None}
         self.shape = [d.extent for d in nest.dims]
+        self.first = [0] * self.nd
+        if rows is not None:
+            self.first[0], self.shape[0] = rows.start, len(rows)
         self.values: dict[str, np.ndarray] = {}
         self.mask: np.ndarray | None = None
         self.memo: dict[Expr, np.ndarray] = {}
         self.acc: np.ndarray | None = None
         for k, d in enumerate(nest.dims):
             if d.ragged is None:
-                self.values[d.name] = _along(np.arange(d.extent), k, self.nd)
+                self.values[d.name] = _along(np.arange(self.first[k], self.first[k] + self.shape[k]), k, self.nd)
                 continue
             start, stop = self.index(d.ragged.start), self.index(d.ragged.stop)
             if (stop < start).any():
@@ -189,25 +211,45 @@ class _NestEval:
         return values if fill is None else np.where(inside, values, fill)
 
     def strided(self, access: Access, writeable: bool = False) -> np.ndarray | None:
-        """A zero-copy view of an in-bounds affine access over the grid, or None if it is not one."""
+        """A zero-copy view of an affine access over the grid, or None if it is not one.
+
+        A padded access (``fill``) views a copy of the tensor padded with ``fill`` as far as the grid reaches.
+        """
         arr = self.env[access.tensor]
-        if self.empty or access.fill is not None:
+        if self.empty or any(not isinstance(a, str) or a not in self.dense for e in access.index for a, _ in e.terms):
             return None
+        ranges = [self.range(e) for e in access.index]
+        pads = tuple((max(0, -lo), max(0, hi - n + 1)) for (lo, hi), n in zip(ranges, arr.shape, strict=True))
+        if any(before or after for before, after in pads):
+            if access.fill is None:
+                return None
+            arr = self.padded(access.tensor, pads, access.fill)
         shape, strides, offset = [1] * self.nd, [0] * self.nd, 0
-        for e, n, step in zip(access.index, arr.shape, arr.strides, strict=True):
-            if any(not isinstance(a, str) or a not in self.extents for a, _ in e.terms):
-                return None
-            lo, hi = index_range(e, self.extents) or (-1, -1)
-            if lo < 0 or hi >= n:
-                return None
-            offset += e.const * step
+        for e, (before, _), step in zip(access.index, pads, arr.strides, strict=True):
+            offset += (e.const + before) * step
             for atom, coef in e.terms:
-                k = self.axis[atom]
+                k = self.axis[atom]  # type: ignore[index]
                 shape[k], strides[k] = self.shape[k], strides[k] + coef * step
+                offset += coef * self.first[k] * step
         if min(strides, default=0) < 0:
             return None
         base = arr.reshape(-1)[offset // max(arr.itemsize, 1):]
         return as_strided(base, shape, strides, writeable=writeable)
+
+    def range(self, expr: Affine) -> tuple[int, int]:
+        """Inclusive [min, max] of an affine index over this grid."""
+        lo = hi = expr.const
+        for atom, coef in expr.terms:
+            k = self.axis[atom]  # type: ignore[index]
+            ends = (coef * self.first[k], coef * (self.first[k] + self.shape[k] - 1))
+            lo, hi = lo + min(ends), hi + max(ends)
+        return lo, hi
+
+    def padded(self, tensor: str, pads: tuple[tuple[int, int], ...], fill: float) -> np.ndarray:
+        key = (tensor, pads, fill)
+        if key not in self.pad_cache:
+            self.pad_cache[key] = np.pad(self.env[tensor], pads, constant_values=fill)
+        return self.pad_cache[key]
 
     def load(self, access: Access) -> np.ndarray:
         view = self.strided(access)

@@ -114,7 +114,7 @@ def _csr(graph: Graph, node: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _to_bfloat16(a: np.ndarray) -> np.ndarray:
-    bits = a.astype(np.float32).view(np.uint32)
+    bits = np.asarray(a, dtype=np.float32).view(np.uint32)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return rounded.astype(np.uint32).view(np.float32)
 
@@ -133,9 +133,8 @@ def _draw(graph: Graph, name: str, use: _Use, rng: np.random.Generator, seed: in
         if use.below is not None:
             return rng.integers(0, max(use.below, 1), shape).astype(_NUMPY[dtype])
         return rng.integers(1, 8, shape).astype(_NUMPY[dtype])
-    value = np.asarray(rng.uniform(0.5, 2.0, shape) if use.positive else rng.standard_normal(shape))
-    value = value / math.sqrt(1 if use.positive else use.fan_in or 1)
-    value = _to_bfloat16(value) if dtype == DType.BFLOAT16 else value.astype(_NUMPY[dtype])
+    value = rng.uniform(0.5, 2.0, shape) if use.positive else rng.standard_normal(shape) / math.sqrt(use.fan_in or 1)
+    value = _to_bfloat16(value) if dtype == DType.BFLOAT16 else np.asarray(value, dtype=_NUMPY[dtype])
     value[value == 0] = 0.5
     return value
 

@@ -205,8 +205,8 @@ def floordiv(expr: Affine, d: int, extents: Mapping[str, int]) -> Affine:
 
 
 def mod(expr: Affine, m: int, extents: Mapping[str, int]) -> Affine:
-    """``expr % m`` simplified: terms that are multiples of ``m`` drop out; no-op when in range."""
-    rest = Affine(tuple((a, c) for a, c in expr.terms if c % m), expr.const % m)
+    """``expr % m`` simplified: coefficients reduced mod ``m`` (multiples drop out); no-op when in range."""
+    rest = Affine(tuple((a, c % m) for a, c in expr.terms if c % m), expr.const % m)
     r = index_range(rest, extents)
     if r is not None and r[0] >= 0 and r[1] < m:
         return rest
@@ -433,10 +433,6 @@ class LoopNest:
 
     def dim(self, role: str) -> Dim | None:
         return next((d for d in self.dims if d.name == role), None)
-
-    @property
-    def extents(self) -> dict[str, int]:
-        return {d.name: d.extent for d in self.dims if d.ragged is None}
 
     @property
     def iterations(self) -> int:

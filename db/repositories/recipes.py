@@ -22,7 +22,5 @@ def ensure_recipes(session: Session, canonicals: Iterable[str]) -> dict[str, int
     statement = insert_ignore(session, Recipe.__table__, ["canonical"])
     for page in pages(wanted):
         session.execute(statement, [{"canonical": c} for c in page])
-        ids.update(
-            session.execute(select(Recipe.canonical, Recipe.id).where(Recipe.canonical.in_(page))).all()
-        )
+        ids.update(session.execute(select(Recipe.canonical, Recipe.id).where(Recipe.canonical.in_(page))).all())
     return ids

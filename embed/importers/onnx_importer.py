@@ -23,7 +23,8 @@ from onnx import TensorProto, numpy_helper, shape_inference
 
 from embed.errors import EmbedError, ModelImportError
 from embed.importers.lowering import Lowering, one_line
-from embed.importers.onnx_ops import CONVERTERS, FOLDABLE, OnnxNode, Value
+from embed.importers.onnx_node import OnnxNode, Value
+from embed.importers.onnx_ops import CONVERTERS, FOLDABLE
 from embed.ir import MAX_DIM, MAX_ELEMENTS, MAX_NODES, MAX_RANK, DType, Graph
 
 DEFAULT_MAX_BYTES = 512 * 2**20

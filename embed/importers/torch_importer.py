@@ -15,7 +15,8 @@ from torch.export.graph_signature import InputKind
 
 from embed.errors import EmbedError, ModelImportError
 from embed.importers.lowering import Lowering, one_line
-from embed.importers.torch_ops import CONVERTERS, TorchNode, TValue, dtype_of, static_shape
+from embed.importers.torch_node import TorchNode, TValue, dtype_of, static_shape
+from embed.importers.torch_ops import CONVERTERS
 from embed.ir import Graph
 
 

@@ -64,9 +64,12 @@ class Family:
 FAMILIES: Registry[Family] = Registry("zoo family")
 
 
-def family(name: str, *, default: str, **grid: tuple[Any, ...]) -> Callable[[Callable[..., Built]], Callable[..., Built]]:
+Factory = Callable[..., Built]
+
+
+def family(name: str, *, default: str, **grid: tuple[Any, ...]) -> Callable[[Factory], Factory]:
     """Register a factory as the zoo family ``name`` with the size grid ``grid`` (``default`` names one member)."""
-    def register(factory: Callable[..., Built]) -> Callable[..., Built]:
+    def register(factory: Factory) -> Factory:
         FAMILIES.register(name, Family(name, factory, dict(grid), default))
         return factory
     return register

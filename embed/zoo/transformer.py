@@ -13,6 +13,8 @@ class Attention(nn.Module):
 
     def __init__(self, hidden: int, seq: int, *, bias: bool = True, causal: bool = False, rotary: bool = False) -> None:
         super().__init__()
+        if hidden % 64:
+            raise ValueError(f"hidden size {hidden} is not a multiple of the head size 64")
         self.heads, self.head_dim = hidden // 64, 64
         self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, bias=bias) for _ in range(4))
         self.mask: Tensor | None

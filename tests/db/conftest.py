@@ -21,7 +21,7 @@ from db.repositories.devices import DeviceIn, upsert_device
 from db.repositories.subgraphs import SubgraphIn, add_subgraphs
 from db.session import Database
 
-PG_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
+PG_SERVER = os.environ.get("TUNEBANK_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def pg_url(schema: str) -> str:
@@ -56,6 +56,12 @@ def pg_schema_factory() -> Iterator:
         with psycopg.connect(PG_SERVER, autocommit=True) as conn:
             for name in made:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture(scope="session")
+def pg_fresh_url(pg_schema_factory):
+    """``pg_fresh_url(tag) -> URL`` of a new, empty schema (dropped when the run ends)."""
+    return lambda tag: pg_url(pg_schema_factory(tag))
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,7 @@ def empty_database(request, tmp_path: Path):
     if request.param == "sqlite":
         database = Database(f"sqlite:///{tmp_path / 'empty.db'}")
     else:
-        from conftest import pg_url  # the session fixture makes and later drops the schema
-
-        database = Database(pg_url(request.getfixturevalue("pg_schema_factory")("migrate")))
+        database = Database(request.getfixturevalue("pg_fresh_url")("migrate"))
     yield database
     database.dispose()
 

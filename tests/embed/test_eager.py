@@ -7,6 +7,7 @@ import torch
 from embed.builder import GraphBuilder
 from embed.eager import run_eager
 from embed.errors import EmbedError, InvalidGraphError, UnsupportedSubgraphError
+from embed.inputs import random_inputs
 
 F32 = "float32"
 
@@ -224,3 +225,73 @@ def test_errors_are_typed() -> None:
     bad = one_op("matmul", [("a", (2, 3), F32), ("b", (5, 4), F32)], (2, 4))
     with pytest.raises(EmbedError, match="node 0 \\(matmul\\) failed"):
         run_eager(bad, {"a": torch.zeros(2, 3), "b": torch.zeros(5, 4)})
+
+
+def _reader_graph() -> GraphBuilder:
+    g = GraphBuilder("readers")
+    table, ids = g.param("table", (10, 3), F32), g.input("ids", (6,), "int64")
+    rows = g.node("gather", [table, ids], (6, 3), F32, axis=0)
+    logp, target = g.input("logp", (6, 5), F32), g.input("target", (6,), "int32")
+    loss = g.node("nll_loss", [logp, g.node("cast", [target], (6,), "int64", dtype="int64")], (), F32, reduction="sum")
+    v = g.input("v", (6, 3), "float16")
+    root = g.node("rsqrt", [g.node("add", [v, g.const(1e-5, "float16")], (6, 3), "float16")], (6, 3), "float16")
+    indptr, indices = g.input("indptr", (9,), "int64"), g.input("indices", (20,), "int64")
+    dense = g.input("dense", (7, 4), "bfloat16")
+    prod = g.node("spmm", [indptr, indices, g.input("values", (20,), "bfloat16"), dense], (8, 4), "bfloat16", rows=8)
+    w = g.param("w", (3, 400), F32)
+    proj = g.node("matmul", [rows, w], (6, 400), F32)
+    flag = g.input("flag", (6, 3), "bool")
+    picked = g.node("where", [flag, rows, g.node("cast", [root], (6, 3), F32, dtype="float32")], (6, 3), F32)
+    g.nodes_out = [loss, prod, proj, picked]  # type: ignore[attr-defined]
+    return g
+
+
+def test_random_inputs_respect_what_reads_them() -> None:
+    g = _reader_graph()
+    graph = g.build(g.nodes_out)  # type: ignore[attr-defined]
+    arrays = random_inputs(graph, seed=3)
+    assert set(arrays) == set(graph.inputs)
+    for name, array in arrays.items():
+        assert array.shape == graph.tensors[name].shape
+        if array.dtype.kind == "f":
+            assert np.all(array != 0) and np.all(np.isfinite(array))
+    assert arrays["ids"].min() >= 0 and arrays["ids"].max() < 10 and len(np.unique(arrays["ids"])) > 1
+    assert arrays["target"].dtype == np.int32 and arrays["target"].min() >= 0 and arrays["target"].max() < 5
+    assert arrays["v"].dtype == np.float16 and arrays["v"].min() >= 0.5
+    assert arrays["flag"].dtype == np.bool_ and 0 < arrays["flag"].sum() < 18
+    indptr, indices = arrays["indptr"], arrays["indices"]
+    assert indptr[0] == 0 and indptr[-1] == 20 and np.all(np.diff(indptr) >= 0)
+    assert indices.min() >= 0 and indices.max() < 7
+    for r in range(8):
+        row = indices[indptr[r]:indptr[r + 1]]
+        assert np.all(np.diff(row) > 0)  # sorted, distinct
+    bf16 = arrays["dense"]
+    assert bf16.dtype == np.float32 and np.all(bf16.view(np.uint32) & 0xFFFF == 0)
+    assert 0.5 < arrays["w"].std() < 0.65  # 1/sqrt(fan-in), the fan-in being the 3 rows of w
+    outputs = run_eager(graph, {k: torch.from_numpy(v) for k, v in arrays.items()})
+    assert all(torch.isfinite(v.float()).all() for v in outputs.values())
+
+
+def test_random_inputs_are_deterministic_per_seed() -> None:
+    g = _reader_graph()
+    graph = g.build(g.nodes_out)  # type: ignore[attr-defined]
+    first, again, other = (random_inputs(graph, seed=s) for s in (1, 1, 2))
+    for name in graph.inputs:
+        np.testing.assert_array_equal(first[name], again[name])
+    assert any(not np.array_equal(first[n], other[n]) for n in graph.inputs)
+
+
+def test_dense_csr_and_scalar_inputs() -> None:
+    g = GraphBuilder()
+    full = g.node("spmm", [g.input("p", (4,), "int64"), g.input("i", (12,), "int64"), g.input("v", (12,), F32),
+                           g.input("d", (4, 2), F32)], (3, 2), F32, rows=3)
+    scalar = g.node("log", [g.input("s", (), F32)], (), F32)
+    arrays = random_inputs(g.build([full, scalar]), seed=0)
+    np.testing.assert_array_equal(arrays["p"], [0, 4, 8, 12])
+    np.testing.assert_array_equal(arrays["i"], [0, 1, 2, 3] * 3)
+    assert arrays["s"].shape == () and arrays["s"] >= 0.5
+    g = GraphBuilder()
+    g.node("spmm", [g.input("p", (3,), "int64"), g.input("i", (5,), "int64"), g.input("v", (5,), F32),
+                    g.input("d", (2, 2), F32)], (2, 2), F32, rows=2)
+    with pytest.raises(EmbedError, match="do not fit"):
+        random_inputs(g.build([g.nodes[-1].outputs[0]]), seed=0)

@@ -8,10 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from embed import zoo
 from embed.builder import GraphBuilder
+from embed.eager import run_eager
 from embed.evaluate import EvaluationError, evaluate
+from embed.inputs import random_inputs
 from embed.ir import Graph
 from embed.lower import lower
+from embed.partition import partition
+from embed.zoo.family import FAMILIES
 
 Spec = tuple[str, Sequence[int], str]  # (name, shape, dtype) of a graph input
 
@@ -290,3 +295,49 @@ def test_large_layernorm_and_matmul_are_fast() -> None:
     start = time.perf_counter()
     evaluate(lower(mm), {"a": rand((512, 1024), 47), "b": rand((1024, 512), 48)})
     assert time.perf_counter() - start < 1.0
+
+
+# Sizes below the zoo's grids, so every family runs in about a second; others take their smallest grid point.
+SMALL = {
+    "llama_block": "h256-s64-b1", "lm_head": "h64-v1000-t32", "gpt_decoder": "h128-s64-b1",
+    "bert_encoder": "h128-s64-b1", "vit_block": "h128-i64-b1", "gcn": "n256-f32-d0.02", "mixer_block": "h64-s49-b1",
+    "convnext_block": "c32-i7-b1", "resnet_bottleneck": "c16-i14-b1", "resnet_basic": "c16-i7-b1",
+    "resnet_stem": "i64-b1", "cnn_head": "c64-i7-b1",
+}
+
+
+def small_model(family: str) -> str:
+    grid = FAMILIES.get(family).grid
+    return f"{family}-{SMALL.get(family) or '-'.join(f'{k}{min(v)}' for k, v in grid.items())}"
+
+
+@pytest.mark.parametrize("family", zoo.families())
+def test_zoo_subgraphs_match_eager_in_float64(family: str) -> None:
+    subgraphs = [s for s in partition(zoo.load(small_model(family))) if s.tunable]
+    assert subgraphs
+    for sub in subgraphs:
+        inputs = random_inputs(sub.graph, seed=0)
+        got = evaluate(lower(sub.graph), inputs)
+        want = run_eager(sub.graph, {k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()},
+                         compute_dtype=torch.float64)
+        for name, tensor in want.items():
+            expected = tensor.numpy()
+            scale = float(np.abs(expected).max(initial=1.0))
+            np.testing.assert_allclose(got[name], expected, rtol=1e-9, atol=1e-9 * scale,
+                                       err_msg=f"{family}: {sub.ops} output {name}")
+
+
+@pytest.mark.parametrize("graph", [
+    lambda: single("conv2d", [("x", (3, 4, 9, 9), "float32"), ("w", (6, 2, 3, 3), "float32")], (3, 6, 5, 5),
+                   stride=[2, 2], padding=[1, 1], dilation=[1, 1], groups=2),
+    lambda: single("matmul", [("a", (5, 6, 7), "float32"), ("b", (7, 3), "float32")], (5, 6, 3)),
+    lambda: single("softmax", [("x", (9, 20), "float32")], (9, 20), axis=1),
+    lambda: single("spmm", [("ip", (4,), "int64"), ("ix", (5,), "int64"), ("v", (5,), "float32"),
+                            ("d", (6, 8), "float32")], (3, 8), rows=3),
+])
+def test_chunked_evaluation_matches_whole(graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = graph()
+    inputs = random_inputs(g, seed=3)
+    whole = evaluate(lower(g), inputs)["out"]
+    monkeypatch.setattr("embed.evaluate._CHUNK", 16)
+    np.testing.assert_array_equal(evaluate(lower(g), inputs)["out"], whole)

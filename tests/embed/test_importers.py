@@ -155,13 +155,19 @@ def _external_model() -> onnx.ModelProto:
     return _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [2, 3])], [_vi("y", [2, 3])], [w])
 
 
+def _tensor(name: str, dims: list[int]) -> TensorProto:
+    tensor = TensorProto(name=name, data_type=TensorProto.FLOAT)
+    tensor.dims.extend(dims)
+    return tensor
+
+
 def _absurd_initializer() -> onnx.ModelProto:
-    w = helper.make_tensor("w", TensorProto.FLOAT, [2**40, 3], [], raw=False)
+    w = _tensor("w", [2**40, 3])
     return _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [2, 2**40])], [_vi("y", [2, 3])], [w])
 
 
 def _negative_dims() -> onnx.ModelProto:
-    w = helper.make_tensor("w", TensorProto.FLOAT, [-4, 3], [], raw=False)
+    w = _tensor("w", [-4, 3])
     return _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [2, 3])], [_vi("y", [2, 3])], [w])
 
 
@@ -237,7 +243,7 @@ class _Mixed(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         y = torch.cumsum(x, dim=-1) * 2.0 - 1.0
         att = nn.functional.scaled_dot_product_attention(y, y, y, attn_mask=mask)
-        return att.masked_fill(mask < 0, 0.5).to(torch.float64)
+        return att.masked_fill(att < 0, 0.5).to(torch.float64)
 
 
 def test_torch_route_maps_scalars_sdpa_and_unknown_ops() -> None:
@@ -246,7 +252,7 @@ def test_torch_route_maps_scalars_sdpa_and_unknown_ops() -> None:
     assert ops[0] == "opaque" and graph.nodes[0].attrs["name"] == "aten.cumsum.default"
     assert {"matmul", "softmax", "where", "cast"} <= set(ops)
     consts = sorted(t.value[0] for t in graph.tensors.values() if t.role == TensorRole.CONST)  # type: ignore[index]
-    assert consts == sorted([2.0, 1.0, 8 ** -0.5, 0.5])
+    assert consts == sorted([2.0, 1.0, float(np.float32(8 ** -0.5)), 0.5])  # rounded to the tensor dtype
     assert graph.tensors[graph.outputs[0]].dtype == "float64"
 
 

@@ -1,3 +1,6 @@
+from collections import Counter
+
+import pytest
 import torch
 
 from embed.builder import GraphBuilder
@@ -206,3 +209,52 @@ def test_pointwise_chain_with_broadcast_and_lone_view() -> None:
     subs = partition(graph)
     assert summary(subs) == [("pointwise", ["expand", "mul", "tanh", "neg", "add"]), ("layout", ["reshape"])]
     recomposed(graph, subs)
+
+
+TINY = [
+    "bert_encoder-h128-s32-b1", "cnn_head-c64-i7-b1", "convnext_block-c16-i7-b1", "gcn-n256-f32-d0.02",
+    "gpt_decoder-h128-s32-b1", "llama_block-h256-s32-b1", "lm_head-h64-v1000-t64", "mixer_block-h64-s16-b1",
+    "resnet_basic-c16-i7-b1", "resnet_bottleneck-c16-i14-b1", "resnet_stem-i32-b1", "vit_block-h128-i32-b1",
+]
+
+
+@pytest.fixture(scope="module")
+def zoo_graphs() -> dict[str, Graph]:
+    """Every zoo family at a small size: off the grid where listed here, else its smallest grid member."""
+    zoo = pytest.importorskip("embed.zoo")
+    from embed.zoo.family import FAMILIES
+
+    names = {f: f + "".join(f"-{k}{min(v)}" for k, v in FAMILIES.get(f).grid.items()) for f in zoo.families()}
+    names.update((n.partition("-")[0], n) for n in TINY if n.partition("-")[0] in names)
+    return {name: zoo.load(name) for name in names.values()}
+
+
+def test_every_zoo_family_partitions_in_executable_order(zoo_graphs: dict[str, Graph]) -> None:
+    kinds: Counter[SubgraphKind] = Counter()
+    for name, graph in zoo_graphs.items():
+        subs = partition(graph)
+        assert sorted(op for s in subs for op in s.ops) == sorted(n.op for n in graph.nodes), name
+        available = set(graph.inputs) | {t for t, v in graph.tensors.items() if v.role == TensorRole.CONST}
+        for s in subs:
+            assert set(s.source_inputs) <= available, name
+            available |= set(s.source_outputs)
+        assert set(graph.outputs) <= available, name
+        kinds.update(s.kind for s in subs)
+    assert {K.CONTRACTION, K.REDUCTION, K.CONVOLUTION, K.SPARSE, K.LAYOUT} <= set(kinds)
+
+
+def test_zoo_subgraphs_run_eagerly_and_recompose(zoo_graphs: dict[str, Graph]) -> None:
+    """Every distinct subgraph runs alone on random inputs, and all of them together compute the model."""
+    seen: set[str] = set()
+    for graph in zoo_graphs.values():
+        subs = partition(graph)
+        for s in subs:
+            if s.tunable and s.structural_hash not in seen:
+                seen.add(s.structural_hash)
+                arrays = random_inputs(s.graph, seed=1)
+                outputs = run_eager(s.graph, {k: torch.from_numpy(v) for k, v in arrays.items()})
+                for name, value in outputs.items():
+                    assert tuple(value.shape) == s.graph.tensors[name].shape
+                    assert torch.isfinite(value.float()).all(), (graph.name, s.ops)
+        recomposed(graph, subs)
+    assert len(seen) > 30

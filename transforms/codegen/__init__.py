@@ -1,0 +1,26 @@
+"""Code generation from a ``Schedule``: ``generate(schedule, backend)`` -> :class:`Kernel` (source + launches).
+
+``c`` writes C with OpenMP for the cpu backend, ``cuda`` writes CUDA C++; both print expressions with
+``expr`` and take their arguments in the order fixed by ``signature``.
+"""
+
+from transforms.codegen.kernel import Kernel
+from transforms.schedule import Schedule
+
+BACKENDS = ("cpu", "cuda")
+
+
+def generate(schedule: Schedule, backend: str = "cpu") -> Kernel:
+    """The kernel source and launches of ``schedule`` for ``backend``."""
+    if backend == "cpu":
+        from transforms.codegen.c import generate_c
+
+        return generate_c(schedule)
+    if backend == "cuda":
+        from transforms.codegen.cuda import generate_cuda
+
+        return generate_cuda(schedule)
+    raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Kernel", "generate"]

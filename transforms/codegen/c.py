@@ -1,0 +1,246 @@
+"""C with OpenMP from a ``Schedule``: one function ``tb_kernel(b0, b1, ...)`` running every group in order.
+
+A group is a nest of row loops (``reorder``-ed, strip-mined by ``tile``, the outer ``parallel`` of them
+collapsed into one ``omp parallel for``) around its members. A member loops over the points of the row
+tiles, its own inner parallel dims and its reduction dims. A reduction member whose parallel dims are all
+row dims keeps one accumulator per tile point (register blocking) inside the reduction loops; otherwise it
+keeps a scalar accumulator folded ``serial``-ly, with ``omp simd reduction`` (``simd``) or over ``lanes``
+partial accumulators. A group without parallel dims runs its reduction with ``omp parallel for reduction``
+when ``parallel`` is set. The innermost parallel loop carries ``omp simd simdlen(vector)`` and
+``GCC unroll``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from embed.ir import DType
+from embed.loopnest import BufferKind, Dim, LoopNest
+from transforms.codegen.expr import STORAGE_C, Printer, combine, literal, prelude
+from transforms.codegen.kernel import Kernel, compute_dtype
+from transforms.codegen.signature import signature
+from transforms.run import Launch
+from transforms.schedule import Group, Schedule
+
+ENTRY = "tb_kernel"
+_OMP_REDUCTION = {"sum": "+", "max": "max", "min": "min"}
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 1
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    def open(self, head: str) -> None:
+        self.line(head + " {")
+        self.depth += 1
+
+    def close(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.depth -= 1
+            self.line("}")
+
+
+def generate_c(schedule: Schedule) -> Kernel:
+    """The C source and launch of ``schedule`` (see the module docstring)."""
+    return _CGen(schedule).kernel()
+
+
+class _CGen:
+    def __init__(self, schedule: Schedule) -> None:
+        self.s = schedule
+        program = schedule.program
+        compute = compute_dtype(program)
+        self.ctype = "double" if compute == DType.FLOAT64 else "float"
+        self.sig = signature(program, compute)
+        buffers = {n: replace(b, dtype=compute) if b.kind == BufferKind.TEMP else b for n, b in program.buffers.items()}
+        self.buffers = buffers
+        self.p = Printer(buffers, self.sig.names, self.ctype)
+        self.w = _Writer()
+        self.fresh = 0
+
+    def var(self, prefix: str) -> str:
+        self.fresh += 1
+        return f"{prefix}{self.fresh}"
+
+    def kernel(self) -> Kernel:
+        for group in self.s.groups:
+            self.group(group)
+        head = ["#include <math.h>", "#define HALF _Float16", prelude(self.ctype, "static inline")]
+        for name in self.sig.consts:
+            b = self.buffers[name]
+            values = ", ".join(literal(v, self.ctype) for v in b.value or ())
+            head.append(f"static const {self.ctype} {self.sig.names[name]}[{b.numel}] = {{{values}}};")
+        params = []
+        for arg in self.sig.args:
+            ctype = self.ctype if arg.kind == "scratch" else STORAGE_C[self._dtype(arg.name)]
+            const = "const " if arg.kind == "input" else ""
+            params.append(f"{const}{ctype}* restrict {arg.name}")
+        body = "\n".join(self.w.lines)
+        code = "\n".join(head) + f"\nvoid {ENTRY}({', '.join(params)}) {{\n{body}\n}}\n"
+        return Kernel("cpu", code, (Launch(ENTRY, self.sig.args),))
+
+    def _dtype(self, arg: str) -> DType:
+        name = next(n for n, a in self.sig.names.items() if a == arg)
+        return self.buffers[name].dtype
+
+    # -- groups -------------------------------------------------------------------------------
+
+    def group(self, g: Group) -> None:
+        w, s = self.w, self.s
+        w.open("")  # a scope per group
+        order = s.row_order(g)
+        par = min(s.parallel, len(order))
+        rows: dict[str, tuple[str, int, int]] = {}  # frame role -> (base var, extent, tile)
+        for k, role in enumerate(order):
+            extent, tile = g.row_extent(role), min(s.tile(role), g.row_extent(role))
+            var = self.var("i")
+            if k == 0 and par:
+                w.line(f"#pragma omp parallel for collapse({par}) schedule(static)")
+            step = f"{var} += {tile}" if tile > 1 else f"{var}++"
+            w.open(f"for (idx_t {var} = 0; {var} < {extent}; {step})")
+            rows[role] = (var, extent, tile)
+        for nest in g.members:
+            self.member(g, nest, rows, par_reduce=s.parallel > 0 and not order)
+        w.close(len(order))
+        w.close()
+
+    def member(self, g: Group, nest: LoopNest, rows: dict[str, tuple[str, int, int]], par_reduce: bool) -> None:
+        w = self.w
+        env: dict[str, str] = {}
+        points: list[tuple[str, str, int]] = []  # (point var, bound, tile) of tiled rows, in row order
+        frame_dims = [d.name for d in g.frame.parallel[: g.depth]]
+        own = {frame_dims[k]: d.name for k, d in enumerate(nest.parallel[: g.depth])}
+        for role, (var, extent, tile) in rows.items():
+            if tile > 1:
+                t = self.var("t")
+                bound = str(tile) if extent % tile == 0 else f"({tile} < {extent} - {var} ? {tile} : {extent} - {var})"
+                points.append((t, bound, tile))
+                env[own[role]] = f"({var} + {t})"
+            else:
+                env[own[role]] = var
+        inner = list(nest.parallel[g.depth:])
+        w.open("")
+        ragged = any(d.ragged is not None for d in nest.reduction)
+        if nest.statement.combiner is not None and not inner and points and not ragged:
+            self.blocked(nest, env, points)
+        else:
+            opened = 0
+            loops: list[tuple[str, str]] = [(t, bound) for t, bound, _ in points]
+            for d in inner:
+                env[d.name] = self.var("j")
+                loops.append((env[d.name], str(d.extent)))
+            for k, (v, bound) in enumerate(loops):
+                if k == len(loops) - 1 and nest.statement.combiner is None:
+                    self.loop_pragmas()
+                w.open(f"for (idx_t {v} = 0; {v} < {bound}; {v}++)")
+                opened += 1
+            if nest.statement.combiner is None:
+                w.line(self.p.store(nest.statement.write, env, _extents(nest), self.p.expr(nest.statement.body, env,
+                                                                                        _extents(nest))))
+            else:
+                self.scalar_reduction(nest, env, par_reduce and not loops)
+            w.close(opened)
+        w.close()
+
+    def loop_pragmas(self) -> None:
+        if self.s.vector > 1:
+            self.w.line(f"#pragma omp simd simdlen({self.s.vector})")
+        if self.s.unroll > 1:
+            self.w.line(f"#pragma GCC unroll {self.s.unroll}")
+
+    # -- reductions ---------------------------------------------------------------------------
+
+    def reduction_loops(self, nest: LoopNest, env: dict[str, str], upto: int) -> int:
+        """Open the first ``upto`` reduction loops (outer -> inner); returns how many were opened."""
+        for d in nest.reduction[:upto]:
+            v = self.var("r")
+            lo, hi = self.bounds(nest, d, env)
+            self.w.open(f"for (idx_t {v} = {lo}; {v} < {hi}; {v}++)")
+            env[d.name] = v
+        return len(nest.reduction[:upto])
+
+    def bounds(self, nest: LoopNest, d: Dim, env: dict[str, str]) -> tuple[str, str]:
+        if d.ragged is None:
+            return "0", str(d.extent)
+        return self.p.index(d.ragged.start, env, _extents(nest)), self.p.index(d.ragged.stop, env, _extents(nest))
+
+    def finish(self, nest: LoopNest, env: dict[str, str], acc: str) -> None:
+        st = nest.statement
+        value = acc if st.epilogue is None else self.p.expr(st.epilogue, env, _extents(nest), acc)
+        self.w.line(self.p.store(st.write, env, _extents(nest), value))
+
+    def scalar_reduction(self, nest: LoopNest, env: dict[str, str], par_reduce: bool) -> None:
+        w, s, st = self.w, self.s, nest.statement
+        assert st.combiner is not None
+        comb = st.combiner.value
+        acc = self.var("acc")
+        ident = literal(st.combiner.identity, self.ctype)
+        w.line(f"{self.ctype} {acc} = {ident};")
+        red = nest.reduction
+        omp = _OMP_REDUCTION[comb]
+        if par_reduce and red[0].ragged is None:
+            w.line(f"#pragma omp parallel for reduction({omp}:{acc}) schedule(static)")
+        opened = self.reduction_loops(nest, env, len(red) - 1)
+        last = red[-1]
+        lo, hi = self.bounds(nest, last, env)
+        v = self.var("r")
+        env[last.name] = v
+        lanes = s.lanes if s.reduce == "lanes" and not par_reduce else 1
+        if lanes > 1:
+            part = self.var("part")
+            w.line(f"{self.ctype} {part}[{lanes}];")
+            w.line(f"for (int u = 0; u < {lanes}; u++) {part}[u] = {ident};")
+            base = self.var("r")
+            w.open(f"for (idx_t {base} = {lo}; {base} + {lanes} <= {hi}; {base} += {lanes})")
+            w.line(f"#pragma GCC unroll {lanes}")
+            w.open(f"for (int u = 0; u < {lanes}; u++)")
+            w.line(f"const idx_t {v} = {base} + u;")
+            w.line(combine(comb, f"{part}[u]", self.p.expr(st.body, env, _extents(nest))))
+            w.close(2)
+            w.line(f"for (int u = 0; u < {lanes}; u++) {combine(comb, acc, f'{part}[u]')}")
+            w.open(f"for (idx_t {v} = {lo} + ({hi} - {lo}) / {lanes} * {lanes}; {v} < {hi}; {v}++)")
+        else:
+            if s.reduce == "simd":
+                w.line(f"#pragma omp simd reduction({omp}:{acc})")
+            if s.unroll > 1:
+                w.line(f"#pragma GCC unroll {s.unroll}")
+            w.open(f"for (idx_t {v} = {lo}; {v} < {hi}; {v}++)")
+        w.line(combine(comb, acc, self.p.expr(st.body, env, _extents(nest))))
+        w.close(opened + 1)
+        self.finish(nest, env, acc)
+
+    def blocked(self, nest: LoopNest, env: dict[str, str], points: list[tuple[str, str, int]]) -> None:
+        """One accumulator per point of the row tiles, the point loops inside the reduction loops."""
+        w, st = self.w, nest.statement
+        assert st.combiner is not None
+        comb = st.combiner.value
+        sizes = [tile for _, _, tile in points]
+        acc = self.var("acc")
+        total = math.prod(sizes)
+        slot = " + ".join(f"{t} * {math.prod(sizes[k + 1:])}" for k, (t, _, _) in enumerate(points))
+        w.line(f"{self.ctype} {acc}[{total}];")
+        w.line(f"for (int u = 0; u < {total}; u++) {acc}[u] = {literal(st.combiner.identity, self.ctype)};")
+        opened = self.reduction_loops(nest, env, len(nest.reduction))
+
+        def point_loops() -> None:
+            for k, (t, bound, _) in enumerate(points):
+                if k == len(points) - 1:
+                    self.loop_pragmas()
+                w.open(f"for (idx_t {t} = 0; {t} < {bound}; {t}++)")
+
+        point_loops()
+        w.line(combine(comb, f"{acc}[{slot}]", self.p.expr(st.body, env, _extents(nest))))
+        w.close(len(points) + opened)
+        point_loops()
+        self.finish(nest, env, f"{acc}[{slot}]")
+        w.close(len(points))
+
+
+
+def _extents(nest: LoopNest) -> dict[str, int]:
+    return {d.name: d.extent for d in nest.dims if d.ragged is None}

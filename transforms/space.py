@@ -1,0 +1,74 @@
+"""The search space of a loop program: every registered transformation's choices, as a product.
+
+    space = RecipeSpace(program, backend="cpu")
+    space.size(); space.sample(random.Random(0)); default_recipe(program, "cpu")
+
+Each transformation contributes one dimension per group of alternatives it offers for the program
+(``Transformation.choices``); transformations that do not apply contribute none. Recipes from outside the
+space (a neighbour's) are first made legal with ``transforms.adapt``, then mutated or recombined.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from embed.loopnest import LoopProgram
+from transforms.adapt import adapt
+from transforms.recipe import Recipe, Step
+from transforms.search.space import ProductSpace
+from transforms.transformation import lookup, transformations
+
+#: Steps every default recipe starts from, when legal: fuse what can be fused, simple parallel loops.
+DEFAULTS = {
+    "cpu": (Step("fuse", ("all",)), Step("parallel", (1,))),
+    "cuda": (Step("fuse", ("all",)), Step("threads", (256,)), Step("reduce", ("block",))),
+}
+
+
+class RecipeSpace:
+    """A :class:`~transforms.search.space.SearchSpace` over the recipes legal for ``program`` on ``backend``."""
+
+    def __init__(self, program: LoopProgram, backend: str = "cpu") -> None:
+        self.program = program
+        self.backend = backend
+        dims = [g for name in transformations.names() for g in lookup(name).choices(program, backend)]
+        self._product = ProductSpace(dims or [[Step("fuse", ("none",))]])
+
+    @property
+    def dims(self) -> tuple[tuple[Step, ...], ...]:
+        return self._product.dims
+
+    def size(self) -> int:
+        return self._product.size()
+
+    def enumerate(self) -> Iterator[Recipe]:
+        return self._product.enumerate()
+
+    def sample(self, rng: random.Random) -> Recipe:
+        return self._product.sample(rng)
+
+    def legal(self, recipe: Recipe) -> Recipe:
+        """``recipe`` adapted to this program, with every dimension's step (defaults where it had none)."""
+        adapted, _ = adapt(recipe, self.program, self.backend)
+        base = default_recipe(self.program, self.backend)
+        point = [next((s for s in adapted if s in options), next(s for s in base if s in options))
+                 for options in self.dims]
+        return Recipe(tuple(point))
+
+    def mutate(self, recipe: Recipe, rng: random.Random) -> Recipe:
+        return self._product.mutate(self.legal(recipe), rng)
+
+    def crossover(self, a: Recipe, b: Recipe, rng: random.Random) -> Recipe:
+        return self._product.crossover(self.legal(a), self.legal(b), rng)
+
+
+def default_recipe(program: LoopProgram, backend: str = "cpu") -> Recipe:
+    """The recipe tuning starts from: :data:`DEFAULTS` adapted, then the first choice of every other dimension."""
+    chosen = list(adapt(Recipe(DEFAULTS[backend]), program, backend)[0])
+    names = {s.name for s in chosen}
+    for name in transformations.names():
+        for options in lookup(name).choices(program, backend):
+            if not any(s in options for s in chosen) and name not in names:
+                chosen.append(options[0])
+    return Recipe(tuple(chosen))
