@@ -100,8 +100,7 @@ class Measurement(Base):
 
     __tablename__ = "measurements"
     __table_args__ = (
-        UniqueConstraint("subgraph_id", "recipe_id", "device_id", "toolchain"),
-        Index("ix_measurements_device_subgraph", "device_id", "subgraph_id"),
+        UniqueConstraint("subgraph_id", "recipe_id", "device_id", "toolchain"),  # also serves per-subgraph lookups
         CheckConstraint(
             "(ok AND error_kind IS NULL AND median_s IS NOT NULL) OR (NOT ok AND error_kind IS NOT NULL)",
             name="ok_or_error",

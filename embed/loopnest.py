@@ -10,7 +10,9 @@ temporaries, outputs) and an ordered list of ``LoopNest``s. Each nest holds one 
         write = epilogue(acc)            # or write = body when the nest has no reduction
 
 Nests are unfused: a softmax is a max nest, an exp-sum nest and a normalize nest writing through
-temporary buffers. Fusing them is a transformation (``transforms``), not the lowering's job.
+temporary buffers. Fusing them is a transformation (``transforms``), not the lowering's job. Writes
+are affine in the parallel dims and injective (each element of a nest's write region is written
+once), and no nest reads the buffer it writes, so parallel dims can be split and bound freely.
 
 Index expressions are *quasi-affine*: ``Affine`` is ``const + sum(coef * atom)`` where an atom is
 a dimension name, ``FloorDiv``/``Mod`` of an ``Affine`` by a constant (non-affine reshapes) or an

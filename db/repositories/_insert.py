@@ -6,7 +6,7 @@ writers never deadlock): a VALUES list with thousands of parameters costs more t
 than to run. The staging table empties itself at commit.
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Insert, Table
@@ -31,34 +31,38 @@ def insert_ignore(session: Session, table: Table, conflict: Sequence[str]) -> In
 
 
 def insert_ignore_count(
-    session: Session, table: Table, conflict: Sequence[str], rows: Sequence[Mapping[str, Any]]
+    session: Session, table: Table, conflict: Sequence[str], columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
 ) -> int:
-    """Insert ``rows`` (dicts with the same keys) skipping duplicates; returns how many were new."""
+    """Insert ``rows`` (tuples of ``columns``) skipping duplicates; returns how many were new."""
     if not rows:
         return 0
     if session.get_bind().dialect.name == "postgresql":
-        return sum(_pg_copy_insert(session, table, conflict, page) for page in pages(rows, PG_PAGE))
+        return sum(_pg_copy_insert(session, table, conflict, columns, page) for page in pages(rows, PG_PAGE))
     statement = insert_ignore(session, table, conflict).returning(table.c.id)
-    return sum(len(session.execute(statement, list(page)).all()) for page in pages(rows))
+    return sum(
+        len(session.execute(statement, [dict(zip(columns, row, strict=True)) for row in page]).all())
+        for page in pages(rows)
+    )
 
 
-def _pg_copy_insert(session: Session, table: Table, conflict: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> int:
-    names = list(rows[0])
-    columns = ", ".join(f'"{name}"' for name in names)
+def _pg_copy_insert(
+    session: Session, table: Table, conflict: Sequence[str], columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> int:
+    names = ", ".join(f'"{name}"' for name in columns)
     key = ", ".join(f'"{name}"' for name in conflict)
     staging = f'"_ingest_{table.name}"'
     cursor = session.connection().connection.driver_connection.cursor()  # the session's own transaction
     with cursor:
         cursor.execute(
             f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS "
-            f'AS SELECT {columns} FROM "{table.name}" WITH NO DATA'
+            f'AS SELECT {names} FROM "{table.name}" WITH NO DATA'
         )
         cursor.execute(f"TRUNCATE {staging}")
-        with cursor.copy(f"COPY {staging} ({columns}) FROM STDIN") as copy:
+        with cursor.copy(f"COPY {staging} ({names}) FROM STDIN") as copy:
             for row in rows:
-                copy.write_row([row[name] for name in names])
+                copy.write_row(row)
         cursor.execute(
-            f'INSERT INTO "{table.name}" ({columns}) SELECT {columns} FROM {staging} ORDER BY {key} '
+            f'INSERT INTO "{table.name}" ({names}) SELECT {names} FROM {staging} ORDER BY {key} '
             f"ON CONFLICT ({key}) DO NOTHING"
         )
         return cursor.rowcount

@@ -20,6 +20,7 @@ from db.repositories.recipes import ensure_recipes
 from db.repositories.subgraphs import subgraph_ids
 
 KEY = ("subgraph_id", "recipe_id", "device_id", "toolchain")
+COLUMNS = (*KEY, "median_s", "spread_s", "repeats", "ok", "error_kind", "job_id", "measured_at")
 
 
 @dataclass(frozen=True)
@@ -87,22 +88,11 @@ def ingest_measurements(session: Session, records: Iterable[MeasurementIn | Mapp
     devices = _device_ids(session, {m.device for m in batch})
     now = dt.datetime.now(dt.UTC)
     rows = [
-        {
-            "subgraph_id": subgraphs[m.subgraph],
-            "recipe_id": recipes[m.recipe],
-            "device_id": devices[m.device],
-            "toolchain": m.toolchain,
-            "median_s": m.median_s,
-            "spread_s": m.spread_s,
-            "repeats": m.repeats,
-            "ok": m.ok,
-            "error_kind": m.error_kind,
-            "job_id": m.job_id,
-            "measured_at": m.measured_at or now,
-        }
+        (subgraphs[m.subgraph], recipes[m.recipe], devices[m.device], m.toolchain, m.median_s, m.spread_s, m.repeats,
+         m.ok, m.error_kind, m.job_id, m.measured_at or now)
         for m in batch
-    ]
-    return IngestResult(len(batch), insert_ignore_count(session, Measurement.__table__, KEY, rows))
+    ]  # fmt: skip
+    return IngestResult(len(batch), insert_ignore_count(session, Measurement.__table__, KEY, COLUMNS, rows))
 
 
 def _device_ids(session: Session, names: set[str]) -> dict[str, int]:

@@ -32,7 +32,7 @@ def _require_postgres() -> None:
     try:
         psycopg.connect(PG_SERVER, connect_timeout=3).close()
     except psycopg.OperationalError as e:
-        reason = f"PostgreSQL on 127.0.0.1:5432 is unreachable: {str(e).strip().splitlines()[0]}"
+        reason = f"PostgreSQL at {PG_SERVER} is unreachable: {str(e).strip().splitlines()[0]}"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)

@@ -6,8 +6,8 @@ tiles, its own inner parallel dims and its reduction dims. A reduction member wh
 row dims keeps one accumulator per tile point (register blocking) inside the reduction loops; otherwise it
 keeps a scalar accumulator folded ``serial``-ly, with ``omp simd reduction`` (``simd``) or over ``lanes``
 partial accumulators. A group without parallel dims runs its reduction with ``omp parallel for reduction``
-when ``parallel`` is set. The innermost parallel loop carries ``omp simd simdlen(vector)`` and
-``GCC unroll``.
+when ``parallel`` is set. The innermost parallel loop carries ``omp simd simdlen(vector)`` or, without
+it, ``GCC unroll``.
 """
 
 from __future__ import annotations
@@ -148,9 +148,9 @@ class _CGen:
         w.close()
 
     def loop_pragmas(self) -> None:
-        if self.s.vector > 1:
+        if self.s.vector > 1:  # a loop takes one of the two pragmas: simd wins
             self.w.line(f"#pragma omp simd simdlen({self.s.vector})")
-        if self.s.unroll > 1:
+        elif self.s.unroll > 1:
             self.w.line(f"#pragma GCC unroll {self.s.unroll}")
 
     # -- reductions ---------------------------------------------------------------------------
@@ -207,7 +207,7 @@ class _CGen:
         else:
             if s.reduce == "simd":
                 w.line(f"#pragma omp simd reduction({omp}:{acc})")
-            if s.unroll > 1:
+            elif s.unroll > 1:
                 w.line(f"#pragma GCC unroll {s.unroll}")
             w.open(f"for (idx_t {v} = {lo}; {v} < {hi}; {v}++)")
         w.line(combine(comb, acc, self.p.expr(st.body, env, _extents(nest))))

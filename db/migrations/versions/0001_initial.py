@@ -148,7 +148,6 @@ def upgrade() -> None:
             name=op.f("uq_measurements_subgraph_id_recipe_id_device_id_toolchain"),
         ),
     )
-    op.create_index("ix_measurements_device_subgraph", "measurements", ["device_id", "subgraph_id"], unique=False)
     op.create_index(op.f("ix_measurements_job_id"), "measurements", ["job_id"], unique=False)
     op.create_index(op.f("ix_measurements_recipe_id"), "measurements", ["recipe_id"], unique=False)
 
