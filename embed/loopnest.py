@@ -75,7 +75,7 @@ class FloorDiv:
     divisor: int
 
     def __str__(self) -> str:
-        return f"({self.arg} // {self.divisor})"
+        return f"({_group(self.arg)} // {self.divisor})"
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Mod:
     modulus: int
 
     def __str__(self) -> str:
-        return f"({self.arg} % {self.modulus})"
+        return f"({_group(self.arg)} % {self.modulus})"
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,10 @@ class Indirect:
 
     def __str__(self) -> str:
         return f"{self.tensor}[{', '.join(map(str, self.index))}]"
+
+
+def _group(arg: Affine) -> str:
+    return f"({arg})" if len(arg.terms) + bool(arg.const) > 1 else str(arg)
 
 
 Atom = str | FloorDiv | Mod | Indirect

@@ -183,14 +183,15 @@ class _CGen:
         w.line(f"{self.ctype} {acc} = {ident};")
         red = nest.reduction
         omp = _OMP_REDUCTION[comb]
-        if par_reduce and red[0].ragged is None:
+        par = par_reduce and red[0].ragged is None
+        if par and len(red) > 1:
             w.line(f"#pragma omp parallel for reduction({omp}:{acc}) schedule(static)")
         opened = self.reduction_loops(nest, env, len(red) - 1)
         last = red[-1]
         lo, hi = self.bounds(nest, last, env)
         v = self.var("r")
         env[last.name] = v
-        lanes = s.lanes if s.reduce == "lanes" and not par_reduce else 1
+        lanes = s.lanes if s.reduce == "lanes" and not par else 1
         if lanes > 1:
             part = self.var("part")
             w.line(f"{self.ctype} {part}[{lanes}];")
@@ -205,7 +206,10 @@ class _CGen:
             w.line(f"for (int u = 0; u < {lanes}; u++) {combine(comb, acc, f'{part}[u]')}")
             w.open(f"for (idx_t {v} = {lo} + ({hi} - {lo}) / {lanes} * {lanes}; {v} < {hi}; {v}++)")
         else:
-            if s.reduce == "simd":
+            simd = "simd " if s.reduce == "simd" else ""
+            if par and len(red) == 1:
+                w.line(f"#pragma omp parallel for {simd}reduction({omp}:{acc}) schedule(static)")
+            elif simd:
                 w.line(f"#pragma omp simd reduction({omp}:{acc})")
             elif s.unroll > 1:
                 w.line(f"#pragma GCC unroll {s.unroll}")
