@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import onnx
 import pytest
@@ -49,7 +50,7 @@ def test_inspect_onnx_reports_unknown_op_as_not_tunable(tmp_path):
     ("make", "message"),
     [
         (lambda p: p.write_bytes(b"\x08\x07garbage" * 50), "not a valid ONNX file"),
-        (lambda p: p.write_bytes(open(_onnx_file(p), "rb").read()[:40]), "not a valid ONNX file"),
+        (lambda p: p.write_bytes(Path(_onnx_file(p)).read_bytes()[:40]), "not a valid ONNX file"),
     ],
 )
 def test_inspect_bad_files_end_with_one_line_and_exit_2(tmp_path, make, message):
