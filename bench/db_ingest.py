@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--subgraphs", type=int, default=1_000)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    load_at_start = os.getloadavg()[0]
     batch = records(args.n, args.subgraphs)
     results: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,7 +97,8 @@ def main() -> None:
         f"# Measurement ingest ({args.n:,} measurements, batches of {args.batch:,}, one process)",
         "",
         f"- device: {device()}",
-        f"- date: {dt.date.today().isoformat()}",
+        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; load average {load_at_start:.1f} at start, "
+        f"{os.getloadavg()[0]:.1f} at end (other work shares this machine)",
         "- each batch: one `ingest_measurements` call in its own transaction (recipes upserted, keys resolved,",
         "  `INSERT ... ON CONFLICT DO NOTHING RETURNING id`); the resend sends every row again (all duplicates)",
         "- targets: 20,000/s into PostgreSQL, 5,000/s into SQLite",

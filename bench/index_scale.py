@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--append", action="store_true", help="add a section to --out instead of replacing it")
     args = parser.parse_args()
     factories = args.factories.split(";")
+    load_at_start = os.getloadavg()[0]
     data, queries = make_data(args.data, args.n, args.queries, args.dim)
     exact = faiss.IndexFlatL2(args.dim)
     exact.add(data)
@@ -140,7 +141,8 @@ def main() -> None:
         f"## {args.n:,} x {args.dim}-d {args.data} vectors, L2",
         "",
         f"- device: {device()}, FAISS {faiss.__version__}; built on {faiss.omp_get_max_threads()} OpenMP threads",
-        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; load average before the run: {os.getloadavg()[0]:.1f}",
+        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; load average {load_at_start:.1f} at start, "
+        f"{os.getloadavg()[0]:.1f} at end (other work shares this machine)",
         f"- {args.queries} queries, one at a time on one thread; recall@{args.k} against exact search "
         "(Flat latency from the first 200 queries)",
         "- memory: resident-set growth while building the index",

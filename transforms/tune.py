@@ -1,6 +1,6 @@
 """Tuning: search the recipe space of each subgraph, building, validating and timing candidates.
 
-    result = tune(subgraph, strategy="random", backend="cpu", budget=32, cache_dir=Path(".cache"), seed=0)
+    results = tune(graph_or_subgraph, strategy="random", backend="cpu", budget=32, cache_dir=Path(".cache"))
 
 One :class:`Task` per tunable subgraph holds its loop program and one validation :class:`Problem` (random
 inputs quantized to the buffer dtypes, float64 reference from ``embed.evaluate``). Candidates are generated
@@ -11,15 +11,19 @@ and compiled in parallel (``transforms.build``), then validated and timed one at
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from embed.evaluate import evaluate
 from embed.inputs import random_inputs
 from embed.ir import Graph
 from embed.loopnest import LoopProgram
 from embed.lower import lower
+from embed.partition import partition
 from embed.subgraph import Subgraph
 from transforms.build import Source, build
 from transforms.codegen import Kernel, generate
@@ -29,6 +33,9 @@ from transforms.recipe import Recipe
 from transforms.results import RunResult
 from transforms.run import TOLERANCE, Problem, Trial, Worker, quantize, run
 from transforms.schedule import ScheduleError
+from transforms.search import create
+from transforms.search.strategy import Evaluate, Strategy, search
+from transforms.space import RecipeSpace, default_recipe
 from transforms.transformation import apply_recipe
 
 
@@ -43,11 +50,41 @@ class Task:
     problem: Problem
 
 
+@dataclass(frozen=True)
+class TuneResult:
+    """The outcome for one subgraph; times are medians in seconds (inf when nothing validated)."""
+
+    name: str
+    kind: str
+    space_size: int
+    eager_s: float
+    default_recipe: str
+    default_s: float
+    best_recipe: str | None
+    best_s: float
+    evaluated: int
+    failed: int
+
+    @property
+    def speedup(self) -> float:
+        """Best over the default recipe (>1 is faster)."""
+        return self.default_s / self.best_s if math.isfinite(self.best_s) and self.best_s > 0 else 0.0
+
+    @property
+    def speedup_vs_eager(self) -> float:
+        return self.eager_s / self.best_s if math.isfinite(self.best_s) and self.best_s > 0 else 0.0
+
+
+def quantized_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs by graph name, rounded to their buffer dtypes (as float64)."""
+    raw = random_inputs(graph, seed=seed)
+    return {n: quantize(raw[n], run_dtype(program.buffers[n].dtype)) for n in program.inputs}
+
+
 def make_problem(graph: Graph, program: LoopProgram, *, seed: int = 0) -> Problem:
     """Random inputs (quantized to their dtypes) and float64 reference outputs, keyed by argument name."""
     sig = signature(program, compute_dtype(program))
-    raw = random_inputs(graph, seed=seed)
-    quantized = {n: quantize(raw[n], run_dtype(program.buffers[n].dtype)) for n in program.inputs}
+    quantized = quantized_inputs(graph, program, seed=seed)
     reference = evaluate(program, quantized)
     inputs = {sig.names[n]: quantized[n] for n in program.inputs if n in sig.names}
     outputs = {sig.names[n]: reference[n] for n in program.outputs}
@@ -91,11 +128,83 @@ def evaluator(
     """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time."""
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
-        made = kernels(task.program, recipes, backend)
+        made: list[Kernel | str] = []
+        for k in kernels(task.program, recipes, backend):
+            single = isinstance(k, str) or len(k.launches) == 1
+            made.append(k if single else f"{len(k.launches)} kernel launches; the runner takes one")
         ok = [k for k in made if isinstance(k, Kernel)]
         builds = iter(build([Source(k.code, backend) for k in ok], cache_dir=cache_dir, jobs=jobs))
         trials = [Trial(next(builds), k.launches[0], task.problem) for k in ok]
         results = iter(run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2))
-        return [next(results) if isinstance(k, Kernel) else RunResult.failure("compile", k) for k in made]
+        return [next(results) if isinstance(k, Kernel) else RunResult.failure("launch", k) for k in made]
 
     return evaluate_recipes
+
+
+def eager_seconds(task: Task, *, repeats: int = 10) -> float:
+    """Median time of the subgraph in eager PyTorch on the cpu (the baseline)."""
+    import torch
+
+    from embed.eager import TORCH_DTYPES, run_eager
+
+    inputs = quantized_inputs(task.graph, task.program)
+    tensors = {n: torch.as_tensor(v).to(TORCH_DTYPES[task.graph.tensors[n].dtype]) for n, v in inputs.items()}
+    times = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        run_eager(task.graph, tensors)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[2:]))
+
+
+def tasks_of(target: Graph | Subgraph | Sequence[Subgraph], *, seed: int = 0) -> list[Task]:
+    """One task per distinct tunable subgraph of ``target`` (a model graph is partitioned first)."""
+    if isinstance(target, Graph):
+        target = partition(target)
+    subs = [target] if isinstance(target, Subgraph) else list(target)
+    unique = {s.structural_hash: s for s in subs if s.tunable}
+    return [make_task(s, seed=seed, name=f"{s.graph.name} ({'+'.join(s.ops)})") for s in unique.values()]
+
+
+Progress = Callable[[Task, int, int], None]  # (task, evaluated so far, budget)
+
+
+def tune(
+    target: Graph | Subgraph | Sequence[Subgraph],
+    *,
+    strategy: str = "random",
+    backend: str = "cpu",
+    budget: int = 32,
+    cache_dir: Path,
+    seed: int = 0,
+    repeats: int = 10,
+    progress: Progress | None = None,
+) -> list[TuneResult]:
+    """Tune every distinct tunable subgraph of ``target``: the default recipe first, then ``budget`` recipes
+    proposed by ``strategy`` (exhaustive | random | evolutionary) in batches."""
+    results = []
+    with Worker() as worker:
+        for task in tasks_of(target, seed=seed):
+            space = RecipeSpace(task.program, backend)
+            evaluate_recipes = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats)
+            default = default_recipe(task.program, backend)
+            (first,) = evaluate_recipes([default])
+            search_strategy = create(strategy, space, budget=budget, seed=seed)
+            search_strategy.tell([(default, first)])
+
+            def measured(recipes: list[Recipe], task: Task = task, ev: Evaluate = evaluate_recipes,
+                         st: Strategy = search_strategy) -> list[RunResult]:
+                out = ev(recipes)
+                if progress:
+                    progress(task, len(st.history) + len(out) - 1, budget)
+                return out
+
+            best = search(search_strategy, measured)
+            history = search_strategy.history
+            results.append(TuneResult(
+                name=task.name, kind=task.kind, space_size=space.size(), eager_s=eager_seconds(task),
+                default_recipe=str(default), default_s=first.score,
+                best_recipe=str(best[0]) if best else None, best_s=best[1].score if best else math.inf,
+                evaluated=len(history), failed=sum(not r.ok for _, r in history),
+            ))
+    return results

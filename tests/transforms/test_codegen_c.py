@@ -14,10 +14,10 @@ from embed.lower import lower
 from embed.partition import partition
 from embed.subgraph import Subgraph
 from tests.transforms.kernels import measure, single
-from transforms.codegen import generate
-from transforms.run import Trial, Worker, run
 from transforms.build import Source, build
+from transforms.codegen import generate
 from transforms.recipe import parse
+from transforms.run import Trial, Worker, run
 from transforms.space import RecipeSpace, default_recipe
 from transforms.transformation import apply_recipe
 from transforms.tune import make_task

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from embed.ir import DType
 from embed.loopnest import BufferKind, Dim, LoopNest
-from transforms.codegen.expr import STORAGE_C, Printer, combine, literal, prelude
+from transforms.codegen.expr import STORAGE_C, Printer, combine, extents, literal, prelude
 from transforms.codegen.kernel import Kernel, compute_dtype
 from transforms.codegen.signature import signature
 from transforms.run import Launch
@@ -140,8 +140,8 @@ class _CGen:
                 w.open(f"for (idx_t {v} = 0; {v} < {bound}; {v}++)")
                 opened += 1
             if nest.statement.combiner is None:
-                w.line(self.p.store(nest.statement.write, env, _extents(nest), self.p.expr(nest.statement.body, env,
-                                                                                        _extents(nest))))
+                w.line(self.p.store(nest.statement.write, env, extents(nest), self.p.expr(nest.statement.body, env,
+                                                                                        extents(nest))))
             else:
                 self.scalar_reduction(nest, env, par_reduce and not loops)
             w.close(opened)
@@ -167,12 +167,12 @@ class _CGen:
     def bounds(self, nest: LoopNest, d: Dim, env: dict[str, str]) -> tuple[str, str]:
         if d.ragged is None:
             return "0", str(d.extent)
-        return self.p.index(d.ragged.start, env, _extents(nest)), self.p.index(d.ragged.stop, env, _extents(nest))
+        return self.p.index(d.ragged.start, env, extents(nest)), self.p.index(d.ragged.stop, env, extents(nest))
 
     def finish(self, nest: LoopNest, env: dict[str, str], acc: str) -> None:
         st = nest.statement
-        value = acc if st.epilogue is None else self.p.expr(st.epilogue, env, _extents(nest), acc)
-        self.w.line(self.p.store(st.write, env, _extents(nest), value))
+        value = acc if st.epilogue is None else self.p.expr(st.epilogue, env, extents(nest), acc)
+        self.w.line(self.p.store(st.write, env, extents(nest), value))
 
     def scalar_reduction(self, nest: LoopNest, env: dict[str, str], par_reduce: bool) -> None:
         w, s, st = self.w, self.s, nest.statement
@@ -201,7 +201,7 @@ class _CGen:
             w.line(f"#pragma GCC unroll {lanes}")
             w.open(f"for (int u = 0; u < {lanes}; u++)")
             w.line(f"const idx_t {v} = {base} + u;")
-            w.line(combine(comb, f"{part}[u]", self.p.expr(st.body, env, _extents(nest))))
+            w.line(combine(comb, f"{part}[u]", self.p.expr(st.body, env, extents(nest))))
             w.close(2)
             w.line(f"for (int u = 0; u < {lanes}; u++) {combine(comb, acc, f'{part}[u]')}")
             w.open(f"for (idx_t {v} = {lo} + ({hi} - {lo}) / {lanes} * {lanes}; {v} < {hi}; {v}++)")
@@ -214,7 +214,7 @@ class _CGen:
             elif s.unroll > 1:
                 w.line(f"#pragma GCC unroll {s.unroll}")
             w.open(f"for (idx_t {v} = {lo}; {v} < {hi}; {v}++)")
-        w.line(combine(comb, acc, self.p.expr(st.body, env, _extents(nest))))
+        w.line(combine(comb, acc, self.p.expr(st.body, env, extents(nest))))
         w.close(opened + 1)
         self.finish(nest, env, acc)
 
@@ -238,13 +238,10 @@ class _CGen:
                 w.open(f"for (idx_t {t} = 0; {t} < {bound}; {t}++)")
 
         point_loops()
-        w.line(combine(comb, f"{acc}[{slot}]", self.p.expr(st.body, env, _extents(nest))))
+        w.line(combine(comb, f"{acc}[{slot}]", self.p.expr(st.body, env, extents(nest))))
         w.close(len(points) + opened)
         point_loops()
         self.finish(nest, env, f"{acc}[{slot}]")
         w.close(len(points))
 
 
-
-def _extents(nest: LoopNest) -> dict[str, int]:
-    return {d.name: d.extent for d in nest.dims if d.ragged is None}

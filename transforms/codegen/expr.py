@@ -25,6 +25,7 @@ from embed.loopnest import (
     FloorDiv,
     Indirect,
     Load,
+    LoopNest,
     Mod,
     index_range,
 )
@@ -185,6 +186,11 @@ class Printer:
         if template is None:
             raise ValueError(f"no code for pointwise op {expr.op!r}")
         return _typed(template, self.ctype).format(*args)
+
+
+def extents(nest: LoopNest) -> dict[str, int]:
+    """Extents of the nest's dense (non-ragged) dims, for index range analysis."""
+    return {d.name: d.extent for d in nest.dims if d.ragged is None}
 
 
 def combine(combiner: str, acc: str, value: str) -> str:

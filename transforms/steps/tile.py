@@ -19,9 +19,7 @@ class Tile(Transformation):
         groups = []
         for k in range(ROLES):
             extent = max((d.extent for n in program.nests for d in n.parallel if d.name == f"p{k}"), default=0)
-            sizes = [t for t in SIZES if t == 1 or t <= extent]
-            if backend == "cuda":
-                sizes = [t for t in sizes if t <= 8]
+            sizes = [t for t in SIZES if t == 1 or t <= extent] if backend == "cpu" else []
             if len(sizes) > 1:
                 groups.append([Step("tile", (Role("p", k), t)) for t in sizes])
         return groups

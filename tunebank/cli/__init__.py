@@ -3,6 +3,7 @@
 import typer
 
 from tunebank.cli.inspect import inspect_command
+from tunebank.cli.tune import tune_command
 
 app = typer.Typer(
     name="tunebank",
@@ -11,6 +12,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("inspect")(inspect_command)
+app.command("tune")(tune_command)
 
 
 @app.callback()

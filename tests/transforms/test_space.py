@@ -1,0 +1,64 @@
+"""Recipe spaces per subgraph kind, default recipes, and adapt."""
+
+import random
+
+import pytest
+
+from embed.builder import GraphBuilder
+from embed.lower import lower
+from tests.transforms.kernels import single
+from transforms.adapt import adapt
+from transforms.recipe import Recipe, parse
+from transforms.space import RecipeSpace, default_recipe
+from transforms.transformation import apply_recipe
+
+
+def _layer_norm():
+    b = GraphBuilder("ln")
+    x, w = b.input("x", (16, 64), "float32"), b.param("w", (64,), "float32")
+    return lower(b.build([b.node("layer_norm", [x, w], (16, 64), "float32", name="out", axes=[-1], eps=1e-5)]))
+
+
+PROGRAMS = {
+    "pointwise": lambda: lower(single("gelu", [("x", (32, 64), "float32")], (32, 64))),
+    "layout": lambda: lower(single("transpose", [("x", (32, 64), "float32")], (64, 32), perm=[1, 0])),
+    "reduction": _layer_norm,
+    "contraction": lambda: lower(single("matmul", [("a", (32, 48), "float32"), ("b", (48, 64), "float32")], (32, 64))),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PROGRAMS))
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_spaces_are_large_and_hold_their_default(kind: str, backend: str) -> None:
+    program = PROGRAMS[kind]()
+    space = RecipeSpace(program, backend)
+    minimum = {"cpu": 100 if kind in ("pointwise", "layout") else 1000, "cuda": 20}[backend]
+    assert space.size() >= minimum
+    default = default_recipe(program, backend)
+    assert all(any(s in options for options in space.dims) for s in default)
+    rng = random.Random(0)
+    samples = {space.sample(rng) for _ in range(50)}
+    assert len(samples) > min(40, space.size() // 2)
+    for recipe in samples:
+        apply_recipe(recipe, program)  # every sample is a legal recipe
+
+
+def test_adapt_clamps_drops_and_substitutes() -> None:
+    program = PROGRAMS["reduction"]()
+    recipe, changes = adapt(parse("tile(p3,4);tile(p1,5);reduce(warp);threads(128);nosuch(1);unroll(3)"), program)
+    assert str(recipe) == "tile(p1,4);reduce(serial);unroll(4)"
+    assert changes == [
+        "tile(p3,4): dropped (does not apply here)", "tile(p1,5) -> tile(p1,4)", "reduce(warp) -> reduce(serial)",
+        "threads(128): dropped (does not apply here)", "nosuch(1): dropped (unknown transformation)",
+        "unroll(3) -> unroll(4)",
+    ]
+    legal = default_recipe(program)
+    assert adapt(legal, program) == (legal, [])
+
+
+def test_mutate_brings_foreign_recipes_into_the_space() -> None:
+    program = PROGRAMS["contraction"]()
+    space = RecipeSpace(program)
+    child = space.mutate(parse("tile(p0,999);threads(64)"), random.Random(1))
+    assert isinstance(child, Recipe) and len(child) == len(space.dims)
+    assert all(step in options for step, options in zip(child, space.dims, strict=True))

@@ -1,0 +1,216 @@
+"""CUDA C++ from a ``Schedule``: one ``extern "C" __global__`` kernel per group, launched in group order.
+
+A group's row dims are flattened into a row index; each row is handled by ``L`` lanes (threads): ``reduce``
+``thread`` gives L = 1 (one thread per row), ``warp`` L = 32, ``block`` L = ``threads / rows_per_block``
+(a multiple of 32). A block holds ``threads / L`` rows. Inside a row, a member's inner parallel points are
+strided across the lanes (each lane then reduces serially); a member with only reduction dims strides its
+flattened reduction space across the lanes and folds the partials with ``__shfl_xor_sync`` (and shared
+memory across warps when L > 32). Members are separated by ``__syncwarp`` / ``__syncthreads``, so later
+members see what earlier ones wrote. Groups without reductions use one thread per row point.
+Half floats travel as raw 16 bits converted with PTX ``cvt``; no CUDA header is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from embed.ir import DType
+from embed.loopnest import BufferKind, Dim, LoopNest
+from transforms.codegen.expr import STORAGE_C, Printer, combine, extents, literal, prelude
+from transforms.codegen.kernel import Kernel, compute_dtype
+from transforms.codegen.signature import signature
+from transforms.run import Launch
+from transforms.schedule import Group, Schedule
+
+_CUDA_HEAD = """
+#define INFINITY __int_as_float(0x7f800000)
+#define NAN __int_as_float(0x7fffffff)
+#define HALF unsigned short
+__device__ static inline float k_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ static inline unsigned short k_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+"""
+DEFAULT_THREADS = 256
+
+
+def generate_cuda(schedule: Schedule) -> Kernel:
+    """The CUDA source of ``schedule`` and one launch per group (see the module docstring)."""
+    return _CudaGen(schedule).kernel()
+
+
+class _CudaGen:
+    def __init__(self, schedule: Schedule) -> None:
+        self.s = schedule
+        program = schedule.program
+        compute = compute_dtype(program)
+        self.ctype = "double" if compute == DType.FLOAT64 else "float"
+        self.sig = signature(program, compute)
+        self.buffers = {n: replace(b, dtype=compute) if b.kind == BufferKind.TEMP else b
+                        for n, b in program.buffers.items()}
+        self.p = Printer(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
+        self.lines: list[str] = []
+        self.fresh = 0
+
+    def var(self, prefix: str) -> str:
+        self.fresh += 1
+        return f"{prefix}{self.fresh}"
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " + text)
+
+    def kernel(self) -> Kernel:
+        params = []
+        for arg in self.sig.args:
+            name = next(n for n, a in self.sig.names.items() if a == arg.name)
+            ctype = self.ctype if arg.kind == "scratch" else STORAGE_C[self.buffers[name].dtype]
+            const = "const " if arg.kind == "input" else ""
+            params.append(f"{const}{ctype}* __restrict__ {arg.name}")
+        head = [_CUDA_HEAD, prelude(self.ctype, "__device__ static inline")]
+        for name in self.sig.consts:
+            b = self.buffers[name]
+            values = ", ".join(literal(v, self.ctype) for v in b.value or ())
+            head.append(f"__device__ const {self.ctype} {self.sig.names[name]}[{b.numel}] = {{{values}}};")
+        bodies, launches = [], []
+        for k, group in enumerate(self.s.groups):
+            self.lines = []
+            grid, block = self.group(group)
+            entry = f"tb_kernel{k}"
+            bodies.append(f'extern "C" __global__ void __launch_bounds__({block}) {entry}({", ".join(params)}) '
+                          f'{{\n' + "\n".join(self.lines) + "\n}")
+            launches.append(Launch(entry, self.sig.args, (grid, 1, 1), (block, 1, 1)))
+        return Kernel("cuda", "\n".join(head) + "\n" + "\n\n".join(bodies) + "\n", tuple(launches))
+
+    def lanes(self, g: Group) -> tuple[int, int]:
+        """(lanes per row, threads per block) for group ``g``."""
+        threads = self.s.threads or DEFAULT_THREADS
+        if not any(n.reduction or len(n.parallel) > g.depth for n in g.members):
+            return 1, threads
+        mode = self.s.reduce if self.s.reduce in ("thread", "warp", "block") else "block"
+        if mode == "thread":
+            return 1, threads
+        if mode == "warp":
+            return 32, max(threads, 32)
+        lanes = max(32, threads // max(self.s.rows_per_block, 1) // 32 * 32)
+        return lanes, max(threads, lanes)
+
+    # -- one group = one kernel --------------------------------------------------------------
+
+    def group(self, g: Group) -> tuple[int, int]:
+        lanes, threads = self.lanes(g)
+        per_block = threads // lanes
+        rows = math.prod(g.row_extent(r) for r in g.rows)
+        self.line("const idx_t tid = threadIdx.x;")
+        self.line(f"const idx_t row = (idx_t)blockIdx.x * {per_block} + tid / {lanes};")
+        self.line(f"const int lane = (int)(tid % {lanes});")
+        self.line(f"const bool valid = row < {rows};")
+        if lanes > 32:
+            self.line(f"__shared__ {self.ctype} k_part[{threads // 32}];")
+        env: dict[str, str] = {}
+        rest = "row"
+        for role in reversed(g.rows):
+            v = self.var("i")
+            extent = g.row_extent(role)
+            self.line(f"const idx_t {v} = {rest} % {extent};")
+            rest = f"({rest} / {extent})"
+            env[role] = v
+        frame = [d.name for d in g.frame.parallel[: g.depth]]
+        for k, nest in enumerate(g.members):
+            own = {d.name: env[frame[i]] for i, d in enumerate(nest.parallel[: g.depth])}
+            if k:
+                self.line("__syncthreads();" if lanes > 32 else "__syncwarp();" if lanes > 1 else "")
+            self.line("{")
+            self.member(nest, dict(own), g.depth, lanes)
+            self.line("}")
+        self.lines = [ln for ln in self.lines if ln.strip()]
+        return max(1, -(-rows // per_block)), threads
+
+    def member(self, nest: LoopNest, env: dict[str, str], depth: int, lanes: int) -> None:
+        st = nest.statement
+        inner = list(nest.parallel[depth:])
+        ext = extents(nest)
+        if st.combiner is None or inner:
+            count = math.prod(d.extent for d in inner)
+            k = self.var("k")
+            self.unroll()
+            self.line(f"for (idx_t {k} = lane; valid && {k} < {count}; {k} += {lanes}) {{")
+            self.decode(inner, k, env)
+            if st.combiner is None:
+                self.line(self.p.store(st.write, env, ext, self.p.expr(st.body, env, ext)))
+            else:
+                acc = self.serial_reduction(nest, env)
+                self.finish(nest, env, acc)
+            self.line("}")
+            return
+        acc = self.var("acc")
+        ident = literal(st.combiner.identity, self.ctype)
+        self.line(f"{self.ctype} {acc} = {ident};")
+        red = nest.reduction
+        k = self.var("k")
+        self.unroll()
+        if any(d.ragged is not None for d in red):
+            d = red[0]
+            lo = self.p.index(d.ragged.start, env, ext) if d.ragged else "0"
+            hi = self.p.index(d.ragged.stop, env, ext) if d.ragged else str(d.extent)
+            if len(red) > 1:
+                raise ValueError("a ragged reduction must be the nest's only reduction dim")
+            self.line(f"for (idx_t {k} = {lo} + lane; valid && {k} < {hi}; {k} += {lanes}) {{")
+            env[d.name] = k
+        else:
+            count = math.prod(d.extent for d in red)
+            self.line(f"for (idx_t {k} = lane; valid && {k} < {count}; {k} += {lanes}) {{")
+            self.decode(list(red), k, env)
+        self.line("  " + combine(st.combiner.value, acc, self.p.expr(st.body, env, ext)))
+        self.line("}")
+        comb = st.combiner.value
+        for offset in (16, 8, 4, 2, 1):
+            if offset < min(lanes, 32):
+                self.line(combine(comb, acc, f"__shfl_xor_sync(0xffffffffu, {acc}, {offset})"))
+        if lanes > 32:
+            self.line(f"if (tid % 32 == 0) k_part[tid / 32] = {acc};")
+            self.line("__syncthreads();")
+            self.line(f"{acc} = {ident};")
+            first = f"(tid / {lanes}) * {lanes // 32}"
+            self.line(f"for (int w = 0; w < {lanes // 32}; w++) {combine(comb, acc, f'k_part[{first} + w]')}")
+            self.line("__syncthreads();")
+        self.line("if (valid && lane == 0) {")
+        self.finish(nest, env, acc)
+        self.line("}")
+
+    def unroll(self) -> None:
+        if self.s.unroll > 1:
+            self.line(f"#pragma unroll {self.s.unroll}")
+
+    def decode(self, dims: list[Dim], flat: str, env: dict[str, str]) -> None:
+        """Bind ``dims`` (outer -> inner) to the digits of the flat index ``flat``."""
+        rest = flat
+        for d in reversed(dims):
+            v = self.var("j")
+            self.line(f"  const idx_t {v} = {rest} % {d.extent};")
+            rest = f"({rest} / {d.extent})"
+            env[d.name] = v
+
+    def serial_reduction(self, nest: LoopNest, env: dict[str, str]) -> str:
+        st = nest.statement
+        assert st.combiner is not None
+        acc = self.var("acc")
+        ext = extents(nest)
+        self.line(f"  {self.ctype} {acc} = {literal(st.combiner.identity, self.ctype)};")
+        for d in nest.reduction:
+            v = self.var("r")
+            lo = self.p.index(d.ragged.start, env, ext) if d.ragged else "0"
+            hi = self.p.index(d.ragged.stop, env, ext) if d.ragged else str(d.extent)
+            self.line(f"  for (idx_t {v} = {lo}; {v} < {hi}; {v}++)")
+            env[d.name] = v
+        self.line("    " + combine(st.combiner.value, acc, self.p.expr(st.body, env, ext)))
+        return acc
+
+    def finish(self, nest: LoopNest, env: dict[str, str], acc: str) -> None:
+        st = nest.statement
+        ext = extents(nest)
+        value = acc if st.epilogue is None else self.p.expr(st.epilogue, env, ext, acc)
+        self.line("  " + self.p.store(st.write, env, ext, value))
+

@@ -1,0 +1,80 @@
+"""``tunebank tune MODEL_OR_SUBGRAPH``: search recipes for every subgraph of a model and report the speedups."""
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from embed.errors import EmbedError
+from embed.importers import load_model
+from embed.ir import Graph, graph_from_json
+from embed.registry import UnknownNameError
+from transforms.search import strategies
+from transforms.tune import Task, tune
+from tunebank.cli.errors import fail
+from tunebank.settings import Settings
+
+console = Console(width=None if Console().is_terminal else 200)
+
+
+def _load(spec: str) -> Graph:
+    """A zoo model name, ``zoo:NAME``, an ``.onnx`` file or an IR ``.json`` file (a model or one subgraph)."""
+    if spec.lower().endswith(".json"):
+        return graph_from_json(Path(spec).read_text())
+    return load_model(spec if spec.startswith("zoo:") or spec.lower().endswith(".onnx") else f"zoo:{spec}")
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f}" if math.isfinite(seconds) else "-"
+
+
+def tune_command(
+    model: Annotated[str, typer.Argument(help="zoo model name, .onnx file, or IR .json (model or subgraph)")],
+    strategy: Annotated[str, typer.Option(help="exhaustive | random | evolutionary")] = "random",
+    budget: Annotated[int, typer.Option(min=1, max=100_000, help="recipes to try per subgraph")] = 32,
+    backend: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    seed: Annotated[int, typer.Option(help="random seed (inputs and search)")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
+) -> None:
+    """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups."""
+    if strategy not in strategies.names() or strategy == "given_candidates":
+        fail(f"unknown strategy {strategy!r}; choose one of: exhaustive, random, evolutionary")
+    if backend not in ("cpu", "cuda"):
+        fail(f"unknown backend {backend!r}; choose cpu or cuda")
+    cache_dir = Settings().data_dir / "kernels"
+    try:
+        graph = _load(model)
+    except (EmbedError, OSError, ValueError) as e:
+        fail(str(e).splitlines()[0])
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=as_json) as bar:
+        ids: dict[str, int] = {}
+
+        def progress(task: Task, done: int, total: int) -> None:
+            if task.name not in ids:
+                ids[task.name] = bar.add_task(task.name[:60], total=total)
+            bar.update(ids[task.name], completed=min(done, total))
+
+        try:
+            results = tune(graph, strategy=strategy, backend=backend, budget=budget, cache_dir=cache_dir, seed=seed,
+                           progress=progress)
+        except (EmbedError, UnknownNameError, ValueError) as e:
+            fail(str(e).splitlines()[0])
+    if as_json:
+        rows = [{**r.__dict__, "speedup": r.speedup, "speedup_vs_eager": r.speedup_vs_eager} for r in results]
+        console.print_json(json.dumps(rows, default=lambda v: None))
+        return
+    table = Table(title=f"{model}: {len(results)} subgraphs, {strategy}, budget {budget}, {backend}")
+    for column in ("subgraph", "kind", "space", "eager us", "default us", "best us", "x default", "x eager",
+                   "tried", "failed", "best recipe"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        table.add_row(r.name, r.kind, str(r.space_size), _us(r.eager_s), _us(r.default_s), _us(r.best_s),
+                      f"{r.speedup:.2f}", f"{r.speedup_vs_eager:.2f}", str(r.evaluated), str(r.failed),
+                      r.best_recipe or "-")
+    console.print(table)
