@@ -99,8 +99,9 @@ def main() -> None:
         f"- device: {device()}",
         f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; load average {load_at_start:.1f} at start, "
         f"{os.getloadavg()[0]:.1f} at end (other work shares this machine)",
-        "- each batch: one `ingest_measurements` call in its own transaction (recipes upserted, keys resolved,",
-        "  `INSERT ... ON CONFLICT DO NOTHING RETURNING id`); the resend sends every row again (all duplicates)",
+        "- each batch: one `ingest_measurements` call in its own transaction: recipes upserted, keys resolved, rows",
+        "  inserted with `ON CONFLICT DO NOTHING` (SQLite: multi-row INSERT ... RETURNING; PostgreSQL: COPY into a",
+        "  temporary staging table, then INSERT ... SELECT); the resend sends every row again (all duplicates)",
         "- targets: 20,000/s into PostgreSQL, 5,000/s into SQLite",
         "",
         "| backend | new rows/s | resent duplicates/s |",

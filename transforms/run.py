@@ -8,14 +8,18 @@ The contract between code generation and the runner:
 - :class:`Problem`: input arrays by buffer name (fresh random values chosen by the caller; they are
   converted to the buffer dtype, so compute the reference from :func:`quantize`-d inputs) and float64
   reference outputs by output-buffer name, plus optional per-output tolerances.
-- :class:`Trial`: a :class:`~transforms.results.BuildResult` + a Launch + a Problem.
+- :class:`Trial`: a :class:`~transforms.results.BuildResult` + a sequence of Launches (one kernel per fused
+  group, run in order on the same buffers) + a Problem.
 
 Validation: output buffers are filled with NaN (ints: their minimum) before the first call; each output
 is compared with its reference by relative error
 ``max_i |out_i - ref_i| / max(|ref_i|, 1e-3 * max_j |ref_j|)``, which must not exceed the tolerance
 (:data:`TOLERANCE` by dtype unless the Problem overrides it). A non-finite output where the reference is
-finite is error kind "nan"; NaN never passes. Timing: ``warmup`` calls, then ``repeats`` calls timed one
-by one (cpu: ``time.perf_counter_ns``; cuda: CUDA events); the result keeps median, IQR and min.
+finite is error kind "nan"; NaN never passes; validation covers the whole launch sequence. Timing of the
+whole sequence: ``warmup`` calls, then ``repeats`` calls timed one by one; the result keeps median, IQR and
+min. cpu: ``time.perf_counter_ns``. cuda: the sequence is captured ``copies`` times into one CUDA graph, each
+copy on its own set of buffers, with enough copies that together they exceed twice the L2 cache (so every
+replay reads from device memory); each replay is timed with CUDA events and divided by ``copies``.
 
 Data travels as JSON lines over pipes and ``.npz`` files (loaded without pickle). Standard library and
 NumPy only: this module is on the GPU measurement path.
@@ -157,10 +161,10 @@ class Problem:
     reference: Mapping[str, np.ndarray]
     tolerance: Mapping[str, float] = field(default_factory=dict)
 
-    def tolerances(self, launch: Launch) -> dict[str, float]:
-        """Tolerance per output buffer of ``launch``: the override, else :data:`TOLERANCE` (ints: 0)."""
+    def tolerances(self, launches: Sequence[Launch]) -> dict[str, float]:
+        """Tolerance per output buffer of ``launches``: the override, else :data:`TOLERANCE` (ints: 0)."""
         return {b.name: self.tolerance.get(b.name, TOLERANCE.get(b.dtype, 0.0))
-                for b in launch.buffers if b.kind == "output"}
+                for b in buffers_of(launches) if b.kind == "output"}
 
     def save(self, path: Path) -> None:
         arrays = {f"in.{k}": np.asarray(v) for k, v in self.inputs.items()}
@@ -168,13 +172,30 @@ class Problem:
         np.savez(path, **arrays)
 
 
+def buffers_of(launches: Sequence[Launch]) -> list[Buffer]:
+    """The distinct buffers of a launch sequence, first use first; a name used with two shapes is an error."""
+    seen: dict[str, Buffer] = {}
+    for launch in launches:
+        for b in launch.buffers:
+            if seen.setdefault(b.name, b) != b:
+                raise ValueError(f"buffer {b.name!r} is described differently by two launches")
+    return list(seen.values())
+
+
 @dataclass(frozen=True)
 class Trial:
-    """One candidate to run: what was built, how to launch it, on which problem."""
+    """One candidate to run: what was built, the launches that run it (in order; one Launch is accepted), on
+    which problem."""
 
     build: BuildResult
-    launch: Launch
+    launches: tuple[Launch, ...]
     problem: Problem
+
+    def __post_init__(self) -> None:
+        launches = (self.launches,) if isinstance(self.launches, Launch) else tuple(self.launches)
+        if not launches:
+            raise ValueError("a trial needs at least one launch")
+        object.__setattr__(self, "launches", launches)
 
 
 class Worker:
@@ -294,9 +315,9 @@ def run(
                 message = {
                     "backend": trial.build.backend,
                     "artifact": trial.build.artifact,
-                    "launch": trial.launch.to_json(),
+                    "launches": [launch.to_json() for launch in trial.launches],
                     "problem": files[id(trial.problem)],
-                    "tolerance": trial.problem.tolerances(trial.launch),
+                    "tolerance": trial.problem.tolerances(trial.launches),
                     "warmup": warmup,
                     "repeats": repeats,
                 }

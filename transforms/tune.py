@@ -128,27 +128,33 @@ def evaluator(
     """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time."""
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
-        made: list[Kernel | str] = []
-        for k in kernels(task.program, recipes, backend):
-            single = isinstance(k, str) or len(k.launches) == 1
-            made.append(k if single else f"{len(k.launches)} kernel launches; the runner takes one")
+        made = kernels(task.program, recipes, backend)
         ok = [k for k in made if isinstance(k, Kernel)]
         builds = iter(build([Source(k.code, backend) for k in ok], cache_dir=cache_dir, jobs=jobs))
-        trials = [Trial(next(builds), k.launches[0], task.problem) for k in ok]
+        trials = [Trial(next(builds), k.launches, task.problem) for k in ok]
         results = iter(run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2))
         return [next(results) if isinstance(k, Kernel) else RunResult.failure("launch", k) for k in made]
 
     return evaluate_recipes
 
 
-def eager_seconds(task: Task, *, repeats: int = 10) -> float:
-    """Median time of the subgraph in eager PyTorch on the cpu (the baseline)."""
-    import torch
+def eager_seconds(task: Task, *, repeats: int = 10, backend: str = "cpu") -> float:
+    """Median time of the subgraph in eager PyTorch (the baseline): on the cpu by wall clock; on cuda timed
+    like the candidates (CUDA-graph replay over input copies past L2, CUDA events). NaN when torch (or its
+    GPU) is missing or the graph does not run eagerly there."""
+    try:
+        import torch
 
-    from embed.eager import TORCH_DTYPES, run_eager
-
+        from embed.eager import TORCH_DTYPES, run_eager
+    except ImportError:
+        return math.nan
     inputs = quantized_inputs(task.graph, task.program)
-    tensors = {n: torch.as_tensor(v).to(TORCH_DTYPES[task.graph.tensors[n].dtype]) for n, v in inputs.items()}
+    dtypes = {n: TORCH_DTYPES[task.graph.tensors[n].dtype] for n in inputs}
+    if backend == "cuda":
+        from transforms.eager_cuda import graph_replay_seconds
+
+        return graph_replay_seconds(lambda t: run_eager(task.graph, t), inputs, dtypes, repeats=repeats)
+    tensors = {n: torch.as_tensor(v).to(dtypes[n]) for n, v in inputs.items()}
     times = []
     for _ in range(repeats + 2):
         start = time.perf_counter()
@@ -202,7 +208,7 @@ def tune(
             best = search(search_strategy, measured)
             history = search_strategy.history
             results.append(TuneResult(
-                name=task.name, kind=task.kind, space_size=space.size(), eager_s=eager_seconds(task),
+                name=task.name, kind=task.kind, space_size=space.size(), eager_s=eager_seconds(task, backend=backend),
                 default_recipe=str(default), default_s=first.score,
                 best_recipe=str(best[0]) if best else None, best_s=best[1].score if best else math.inf,
                 evaluated=len(history), failed=sum(not r.ok for _, r in history),

@@ -1,6 +1,7 @@
 """The worker process: ``python -m transforms.worker`` reads trial messages (JSON lines) on stdin and writes
 one result per line. Started and restarted by :class:`transforms.run.Worker`; see :mod:`transforms.run`
-for the contract. Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy.
+for the contract (validation, and timing by CUDA-graph replay over buffer copies that exceed the L2 cache).
+Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy.
 """
 
 import ctypes
@@ -8,24 +9,28 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
-from transforms.run import Buffer, Launch, poisoned, to_float64, to_storage
+from transforms.run import Buffer, Launch, buffers_of, poisoned, to_float64, to_storage
 
 Call = Callable[[], None]
 Fetch = Callable[[], dict[str, np.ndarray]]
 _CTYPES = {"float64": ctypes.c_double, "float32": ctypes.c_float, "int64": ctypes.c_int64, "int32": ctypes.c_int32}
+#: cuda timing: buffer copies together exceed this many L2 caches; at most this many copies and bytes.
+L2_MULTIPLE = 2
+MAX_COPIES = 64
+MAX_COPY_BYTES = 8 << 30
 
 
-def host_arrays(launch: Launch, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Storage arrays for every buffer: inputs converted, outputs poisoned, scratch zeroed."""
+def host_arrays(launches: Sequence[Launch], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Storage arrays for every buffer of ``launches``: inputs converted, outputs poisoned, scratch zeroed."""
     arrays = {}
-    for b in launch.buffers:
+    for b in buffers_of(launches):
         if b.kind == "input":
             if b.name not in inputs:
                 raise ValueError(f"the problem has no input for buffer {b.name!r}")
@@ -37,6 +42,12 @@ def host_arrays(launch: Launch, inputs: dict[str, np.ndarray]) -> dict[str, np.n
         else:
             arrays[b.name] = to_storage(np.zeros(b.shape), b.dtype)
     return arrays
+
+
+def copies_past_l2(set_bytes: int, l2_bytes: int) -> int:
+    """How many copies of a buffer set of ``set_bytes`` together exceed ``L2_MULTIPLE`` L2 caches (at least 2)."""
+    wanted = -(-L2_MULTIPLE * l2_bytes // max(set_bytes, 1)) + 1
+    return max(2, min(wanted, MAX_COPIES, max(1, MAX_COPY_BYTES // max(set_bytes, 1))))
 
 
 def check(output: np.ndarray, reference: np.ndarray, tolerance: float) -> tuple[str | None, float | None, str]:
@@ -57,16 +68,25 @@ def check(output: np.ndarray, reference: np.ndarray, tolerance: float) -> tuple[
 
 
 class CpuBackend:
-    """Calls ``entry(...)`` of a shared library through ctypes; times with perf_counter_ns."""
+    """Calls each launch's ``entry(...)`` of a shared library through ctypes; times with perf_counter_ns."""
 
     fatal_on_error = False
 
-    def bind(self, artifact: str, launch: Launch, arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
-        function = getattr(cpu.load(artifact), launch.entry)
-        function.restype = None
-        args = [ctypes.c_void_p(arrays[a.name].ctypes.data) if isinstance(a, Buffer) else _CTYPES[a.dtype](a.value)
-                for a in launch.args]
-        return (lambda: function(*args)), (lambda: arrays)
+    def bind(self, artifact: str, launches: Sequence[Launch], arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
+        library = cpu.load(artifact)
+        calls = []
+        for launch in launches:
+            function = getattr(library, launch.entry)
+            function.restype = None
+            args = [ctypes.c_void_p(arrays[a.name].ctypes.data) if isinstance(a, Buffer)
+                    else _CTYPES[a.dtype](a.value) for a in launch.args]
+            calls.append((function, args))
+
+        def call() -> None:
+            for function, args in calls:
+                function(*args)
+
+        return call, lambda: arrays
 
     def time(self, call: Call, warmup: int, repeats: int) -> list[float]:
         for _ in range(warmup):
@@ -80,7 +100,7 @@ class CpuBackend:
 
 
 class CudaBackend:
-    """Launches a kernel of a PTX module with CuPy; times each launch with CUDA events."""
+    """Launches the kernels of a PTX module with CuPy; times by CUDA-graph replay over rotated buffer copies."""
 
     fatal_on_error = True  # a CUDA error can leave the context unusable: restart the worker
 
@@ -88,31 +108,53 @@ class CudaBackend:
         import cupy
 
         self.cupy = cupy
+        self.copies = 1
 
-    def bind(self, artifact: str, launch: Launch, arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
+    def bind(self, artifact: str, launches: Sequence[Launch], arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
         cp = self.cupy
-        function = cuda.load(artifact).get_function(launch.entry)
-        device = {name: cp.asarray(array) for name, array in arrays.items()}
-        args = tuple(device[a.name] if isinstance(a, Buffer) else np.dtype(a.dtype).type(a.value)
-                     for a in launch.args)
+        module = cuda.load(artifact)
+        functions = [module.get_function(launch.entry) for launch in launches]
+        first = {name: cp.asarray(array) for name, array in arrays.items()}
+        set_bytes = sum(a.nbytes for a in arrays.values())
+        l2 = int(cp.cuda.Device().attributes["L2CacheSize"])
+        self.copies = copies_past_l2(set_bytes, l2)
+        sets = [first] + [{n: a.copy() for n, a in first.items()} for _ in range(self.copies - 1)]
+        self.stream = cp.cuda.Stream(non_blocking=True)
+
+        def launch_all(device: dict[str, Any]) -> None:
+            for function, launch in zip(functions, launches, strict=True):
+                args = tuple(device[a.name] if isinstance(a, Buffer) else np.dtype(a.dtype).type(a.value)
+                             for a in launch.args)
+                function(launch.grid, launch.block, args, shared_mem=launch.shared_bytes, stream=self.stream)
 
         def call() -> None:
-            function(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+            launch_all(first)
+            self.stream.synchronize()
 
-        return call, lambda: {name: cp.asnumpy(array) for name, array in device.items()}
+        def capture() -> Any:
+            with self.stream:
+                self.stream.begin_capture()
+                for device in sets:
+                    launch_all(device)
+                return self.stream.end_capture()
+
+        self.capture = capture
+        return call, lambda: {name: cp.asnumpy(array) for name, array in first.items()}
 
     def time(self, call: Call, warmup: int, repeats: int) -> list[float]:
+        """Seconds per launch sequence: each replay of the graph of all copies, over the number of copies."""
         cp = self.cupy
-        for _ in range(warmup):
-            call()
+        graph = self.capture()
+        for _ in range(max(warmup, 1)):
+            graph.launch(self.stream)
         start, end = cp.cuda.Event(), cp.cuda.Event()
         times = []
         for _ in range(repeats):
-            start.record()
-            call()
-            end.record()
+            start.record(self.stream)
+            graph.launch(self.stream)
+            end.record(self.stream)
             end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3 / self.copies)
         return times
 
 
@@ -121,19 +163,19 @@ _BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBacken
 
 def execute(message: dict[str, Any], problem: dict[str, np.ndarray]) -> tuple[RunResult, bool]:
     """Run one trial: (result, whether the worker must exit after it)."""
-    launch = Launch.from_json(message["launch"])
     fatal = False
     try:
+        launches = [Launch.from_json(data) for data in message["launches"]]
         backend = _BACKENDS[message["backend"]]()
         fatal = backend.fatal_on_error
-        arrays = host_arrays(launch, {k[3:]: v for k, v in problem.items() if k.startswith("in.")})
-        call, fetch = backend.bind(message["artifact"], launch, arrays)
+        arrays = host_arrays(launches, {k[3:]: v for k, v in problem.items() if k.startswith("in.")})
+        call, fetch = backend.bind(message["artifact"], launches, arrays)
         call()
         outputs = fetch()
     except Exception as e:  # any failure to load, bind or launch is this candidate's result
         return RunResult.failure("launch", f"{type(e).__name__}: {e}"), fatal
     worst = 0.0
-    for b in launch.buffers:
+    for b in buffers_of(launches):
         if b.kind == "output":
             kind, error, text = check(to_float64(outputs[b.name], b.dtype), problem[f"ref.{b.name}"],
                                       message["tolerance"][b.name])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from transforms.run import Buffer, Launch, Scalar
-from transforms.worker import check, host_arrays
+from transforms.worker import check, copies_past_l2, host_arrays
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {"numpy", "cupy", "cupy_backends", "fastrlock", "cuda", "torch", "transforms"}
@@ -59,8 +59,24 @@ def test_shape_mismatch_is_wrong():
 def test_host_arrays_convert_poison_and_zero():
     launch = Launch("k", (Buffer("x", (2,), "float16"), Buffer("y", (2,), "float32", "output"),
                           Buffer("tmp", (3,), "int32", "scratch"), Scalar("n", 2)))
-    arrays = host_arrays(launch, {"x": np.array([1.0, 2.0])})
+    arrays = host_arrays([launch], {"x": np.array([1.0, 2.0])})
     assert arrays["x"].dtype == np.float16 and arrays["x"].tolist() == [1.0, 2.0]
     assert np.isnan(arrays["y"]).all() and arrays["tmp"].tolist() == [0, 0, 0]
     with pytest.raises(ValueError, match="no input for buffer 'x'"):
-        host_arrays(launch, {})
+        host_arrays([launch], {})
+
+
+def test_host_arrays_cover_every_launch_of_a_sequence_and_reject_conflicts():
+    x, y = Buffer("x", (2,), "float32"), Buffer("y", (2,), "float32", "output")
+    t = Buffer("t", (2,), "float32", "scratch")
+    arrays = host_arrays([Launch("a", (x, t)), Launch("b", (t, y))], {"x": np.array([1.0, 2.0])})
+    assert sorted(arrays) == ["t", "x", "y"] and np.isnan(arrays["y"]).all() and not arrays["t"].any()
+    with pytest.raises(ValueError, match="described differently"):
+        host_arrays([Launch("a", (x,)), Launch("b", (Buffer("x", (3,), "float32"),))], {"x": np.zeros(2)})
+
+
+def test_buffer_copies_exceed_twice_the_l2_cache():
+    assert copies_past_l2(1 << 20, 50 << 20) == 64  # capped
+    assert copies_past_l2(10 << 20, 50 << 20) == 11  # 11 x 10 MB > 100 MB
+    assert copies_past_l2(1 << 30, 50 << 20) == 2  # already past L2: two copies, so replays alternate buffers
+    assert copies_past_l2(4 << 30, 60 << 20) == 2

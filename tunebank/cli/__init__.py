@@ -2,6 +2,7 @@
 
 import typer
 
+from tunebank.cli import db
 from tunebank.cli.inspect import inspect_command
 from tunebank.cli.tune import tune_command
 
@@ -13,6 +14,7 @@ app = typer.Typer(
 )
 app.command("inspect")(inspect_command)
 app.command("tune")(tune_command)
+app.add_typer(db.app, name="db")
 
 
 @app.callback()

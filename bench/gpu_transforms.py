@@ -1,0 +1,330 @@
+"""GPU benchmark of the transforms tuner: eager PyTorch, default recipe, tuned best and the bound per family.
+
+    python bench/gpu_transforms.py --out DIR [--budget 24] [--quick]
+
+Needs a CUDA GPU with CuPy and PyTorch. For each family and size: eager time (PyTorch, CUDA-graph replay
+over inputs rotated past L2), default-recipe time, the best of the default plus ``budget`` recipes
+(exhaustive when the cuda space is that small, else random), the search's wall time and candidate count,
+the exhaustive-search cost (the space size times the measured seconds per candidate), and the bound:
+minimum bytes over the measured copy bandwidth, or FLOPs over the measured cuBLAS fp16 matmul rate.
+Writes ``gpu_transforms.md`` and ``gpu_transforms.json`` into DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from embed.builder import GraphBuilder
+from embed.ir import Graph
+from transforms.eager_cuda import graph_replay_seconds
+from transforms.recipe import Recipe
+from transforms.run import Worker
+from transforms.search import create
+from transforms.search.strategy import search
+from transforms.space import RecipeSpace, default_recipe
+from transforms.tune import eager_seconds, evaluator, make_task
+
+F16, F32 = "float16", "float32"
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    size: str
+    graph: Graph
+    bytes: int  # minimum bytes moved: every input read once, every output written once
+    flops: int = 0  # for contractions: the bound is flops / matmul rate
+
+
+def _rowwise(name: str, m: int, n: int, body: Callable[[GraphBuilder, str], str], extra: int = 0) -> Case:
+    b = GraphBuilder(name)
+    x = b.input("x", (m, n), F16)
+    out = body(b, x)
+    return Case(name, f"{m}x{n}", b.build([out]), 2 * m * n * 2 + extra)
+
+
+def softmax(m: int, n: int) -> Case:
+    return _rowwise("softmax", m, n, lambda b, x: b.node("softmax", [x], (m, n), F16, name="out", axis=-1))
+
+
+def layernorm(m: int, n: int) -> Case:
+    def body(b: GraphBuilder, x: str) -> str:
+        w, bias = b.param("w", (n,), F16), b.param("b", (n,), F16)
+        return b.node("layer_norm", [x, w, bias], (m, n), F16, name="out", axes=[1], eps=1e-5)
+
+    return _rowwise("layernorm", m, n, body, 4 * n)
+
+
+def rmsnorm(m: int, n: int) -> Case:
+    def body(b: GraphBuilder, x: str) -> str:
+        return b.node("rms_norm", [x, b.param("w", (n,), F16)], (m, n), F16, name="out", axes=[1], eps=1e-6)
+
+    return _rowwise("rmsnorm", m, n, body, 2 * n)
+
+
+def add_layernorm(m: int, n: int) -> Case:
+    def body(b: GraphBuilder, x: str) -> str:
+        r = b.input("r", (m, n), F16)
+        w, bias = b.param("w", (n,), F16), b.param("b", (n,), F16)
+        s = b.node("add", [x, r], (m, n), F16)
+        return b.node("layer_norm", [s, w, bias], (m, n), F16, name="out", axes=[1], eps=1e-5)
+
+    return _rowwise("add+layernorm", m, n, body, 2 * m * n + 4 * n)
+
+
+def bias_gelu(m: int, n: int) -> Case:
+    def body(b: GraphBuilder, x: str) -> str:
+        s = b.node("add", [x, b.param("bias", (n,), F16)], (m, n), F16)
+        return b.node("gelu", [s], (m, n), F16, name="out", approximate="none")
+
+    return _rowwise("bias+gelu", m, n, body, 2 * n)
+
+
+def cross_entropy(m: int, c: int) -> Case:
+    b = GraphBuilder("cross_entropy")
+    logits, target = b.input("logits", (m, c), F32), b.input("target", (m,), "int64")
+    logp = b.node("log_softmax", [logits], (m, c), F32, axis=1)
+    loss = b.node("nll_loss", [logp, target], (), F32, name="out", reduction="mean")
+    return Case("cross-entropy", f"{m}x{c}", b.build([loss]), 4 * m * c + 8 * m + 4)
+
+
+def matmul_bias_gelu(m: int, k: int, n: int) -> Case:
+    b = GraphBuilder("matmul_bias_gelu")
+    x, w, bias = b.input("x", (m, k), F16), b.param("w", (k, n), F16), b.param("bias", (n,), F16)
+    y = b.node("matmul", [x, w], (m, n), F16)
+    z = b.node("add", [y, bias], (m, n), F16)
+    out = b.node("gelu", [z], (m, n), F16, name="out", approximate="none")
+    return Case("matmul+bias+gelu", f"{m}x{k}x{n}", b.build([out]), 2 * (m * k + k * n + n + m * n), 2 * m * k * n)
+
+
+def gcn_spmm(nodes: int, per_row: int, feats: int) -> Case:
+    b = GraphBuilder("gcn_spmm")
+    nnz = nodes * per_row
+    indptr, indices = b.input("indptr", (nodes + 1,), "int64"), b.input("indices", (nnz,), "int64")
+    values, dense = b.input("values", (nnz,), F32), b.input("dense", (nodes, feats), F32)
+    out = b.node("spmm", [indptr, indices, values, dense], (nodes, feats), F32, name="out", rows=nodes)
+    # bound: the CSR arrays once, each gathered dense row once per use (at best from cache), the output once
+    return Case(
+        "gcn-spmm",
+        f"n{nodes}-nnz/row{per_row}-f{feats}",
+        b.build([out]),
+        8 * (nodes + 1) + 12 * nnz + 4 * nodes * feats * 2,
+    )
+
+
+def cases(quick: bool) -> list[Case]:
+    if quick:
+        return [
+            softmax(256, 512),
+            layernorm(256, 512),
+            rmsnorm(256, 512),
+            add_layernorm(256, 512),
+            bias_gelu(256, 512),
+            cross_entropy(64, 1000),
+            matmul_bias_gelu(64, 64, 128),
+            gcn_spmm(512, 8, 32),
+        ]
+    return [
+        softmax(65536, 128),
+        softmax(8192, 4096),
+        softmax(2048, 32000),
+        layernorm(8192, 768),
+        layernorm(8192, 4096),
+        rmsnorm(8192, 768),
+        rmsnorm(8192, 4096),
+        add_layernorm(8192, 768),
+        add_layernorm(8192, 4096),
+        bias_gelu(8192, 3072),
+        bias_gelu(16384, 4096),
+        cross_entropy(8192, 4096),
+        cross_entropy(4096, 32000),
+        matmul_bias_gelu(2048, 1024, 1024),
+        matmul_bias_gelu(4096, 768, 3072),
+        gcn_spmm(131072, 8, 64),
+    ]
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + written), median of graph replays."""
+    import torch
+
+    n = 1 << 28  # 512 MiB of fp16 per buffer
+    src, dst = torch.randn(n, device="cuda", dtype=torch.float16), torch.empty(n, device="cuda", dtype=torch.float16)
+    seconds = graph_replay_seconds(
+        lambda t: dst.copy_(t["x"]), {"x": src.cpu().numpy()}, {"x": torch.float16}, repeats=20
+    )
+    return 2 * n * 2 / seconds
+
+
+def matmul_rate() -> float:
+    """cuBLAS fp16 matmul FLOP/s on random 8192^3 operands."""
+    import torch
+
+    n = 8192
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    seconds = graph_replay_seconds(
+        lambda t: t["a"] @ t["b"], {"a": a, "b": a.T.copy()}, {"a": torch.float16, "b": torch.float16}, repeats=10
+    )
+    return 2 * n**3 / seconds
+
+
+def bench_case(
+    case: Case, *, budget: int, cache: Path, worker: Worker, bandwidth: float, rate: float, repeats: int
+) -> dict[str, object]:
+    started = time.perf_counter()
+    task = make_task(case.graph)
+    prepared = time.perf_counter() - started
+    space = RecipeSpace(task.program, "cuda")
+    evaluate = evaluator(task, backend="cuda", cache_dir=cache, worker=worker, repeats=repeats, timeout_s=60)
+    default = default_recipe(task.program, "cuda")
+    (first,) = evaluate([default])
+    strategy_name = "exhaustive" if space.size() <= budget else "random"
+    strategy = create(strategy_name, space, budget=budget, seed=0)
+    strategy.tell([(default, first)])
+    t0 = time.perf_counter()
+    best = search(strategy, evaluate)
+    search_s = time.perf_counter() - t0
+    history = strategy.history
+    failures: dict[str, int] = {}
+    for _, r in history:
+        if not r.ok:
+            failures[r.error_kind or "?"] = failures.get(r.error_kind or "?", 0) + 1
+    first_error = next((r.error[:300] for _, r in history if not r.ok), "")
+    eager = eager_seconds(task, backend="cuda", repeats=repeats)
+    bound = max(case.bytes / bandwidth, case.flops / rate if case.flops else 0.0)
+    best_recipe: Recipe | None = best[0] if best else None
+    best_s = best[1].score if best else math.inf
+    evaluated = max(len(history) - 1, 1)
+    per_candidate = search_s / evaluated
+    return {
+        "family": case.family,
+        "size": case.size,
+        "bound_kind": "flops" if case.flops else "bytes",
+        "bytes": case.bytes,
+        "flops": case.flops,
+        "bound_s": bound,
+        "eager_s": eager,
+        "default_recipe": str(default),
+        "default_s": first.score,
+        "default_iqr_s": first.iqr_s,
+        "default_error": first.error[:300],
+        "best_recipe": str(best_recipe) if best_recipe else None,
+        "best_s": best_s,
+        "best_iqr_s": best[1].iqr_s if best else None,
+        "best_rel_err": best[1].max_rel_err if best else None,
+        "strategy": strategy_name,
+        "space_size": space.size(),
+        "evaluated": len(history),
+        "failures": failures,
+        "first_error": first_error,
+        "search_s": search_s,
+        "seconds_per_candidate": per_candidate,
+        "exhaustive_cost_s": per_candidate * space.size(),
+        "prepare_s": prepared,
+        "ratio_to_bound": best_s / bound if bound else math.nan,
+        "speedup_vs_eager": eager / best_s if math.isfinite(best_s) and best_s > 0 else math.nan,
+    }
+
+
+def _ms(seconds: object) -> str:
+    return "-" if not isinstance(seconds, float) or not math.isfinite(seconds) else f"{seconds * 1e3:.4f}"
+
+
+def markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> str:
+    lines = [
+        "# GPU benchmark of the transforms tuner",
+        "",
+        f"Device: {meta['device']} (L2 {meta['l2_mb']:.0f} MB), {meta['date']}; torch {meta['torch']}, "
+        f"cupy {meta['cupy']}. Copy bandwidth {meta['copy_tbps']:.2f} TB/s (read + write), cuBLAS fp16 matmul "
+        f"{meta['matmul_tflops']:.0f} TFLOP/s. Times in ms, medians of CUDA-graph replays over buffer copies that "
+        "together exceed 2x L2 (eager: PyTorch, timed the same way). bound = minimum bytes / copy bandwidth, or "
+        "FLOPs / matmul rate. Exhaustive cost = cuda space size x measured seconds per candidate (extrapolated "
+        "unless strategy is exhaustive).",
+        "",
+        "| family | size | eager | default | tuned best | bound | best/bound | eager/best | searched (strategy, "
+        "candidates, failed, wall s) | space | exhaustive cost s | best recipe |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['family']} | {r['size']} | error: {str(r['error'])[:120]} |||||||||")
+            continue
+        failed = sum(r["failures"].values())  # type: ignore[union-attr]
+        lines.append(
+            f"| {r['family']} | {r['size']} | {_ms(r['eager_s'])} | {_ms(r['default_s'])} | {_ms(r['best_s'])} | "
+            f"{_ms(r['bound_s'])} | {r['ratio_to_bound']:.2f} | {r['speedup_vs_eager']:.2f} | "
+            f"{r['strategy']}, {r['evaluated']}, {failed}, {r['search_s']:.1f} | {r['space_size']} | "
+            f"{r['exhaustive_cost_s']:.0f} | `{r['best_recipe']}` |"
+        )
+    ok = [r for r in rows if "error" not in r and math.isfinite(float(r["speedup_vs_eager"]))]  # type: ignore[arg-type]
+    if ok:
+        geo = math.exp(sum(math.log(float(r["speedup_vs_eager"])) for r in ok) / len(ok))  # type: ignore[arg-type]
+        lines += ["", f"Geomean speedup of tuned best over eager: {geo:.2f}x over {len(ok)} cases."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget", type=int, default=24)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of every family")
+    parser.add_argument("--only", default="", help="comma-separated family names")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/tunebank-bench-cache"))
+    args = parser.parse_args()
+    import cupy
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    bandwidth, rate = copy_bandwidth(), matmul_rate()
+    meta = {
+        "device": props.name,
+        "l2_mb": props.L2_cache_size / 1e6,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "cupy": cupy.__version__,
+        "copy_tbps": bandwidth / 1e12,
+        "matmul_tflops": rate / 1e12,
+        "budget": args.budget,
+    }
+    print(json.dumps(meta), flush=True)
+    rows: list[dict[str, object]] = []
+    only = {s for s in args.only.split(",") if s}
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    with Worker() as worker:
+        for case in cases(args.quick):
+            if only and case.family not in only:
+                continue
+            try:
+                row = bench_case(
+                    case,
+                    budget=args.budget,
+                    cache=args.cache,
+                    worker=worker,
+                    bandwidth=bandwidth,
+                    rate=rate,
+                    repeats=args.repeats,
+                )
+            except Exception as e:  # one family's failure is a row, not the end of the benchmark
+                row = {"family": case.family, "size": case.size, "error": f"{type(e).__name__}: {e}"}
+            rows.append(row)
+            print(json.dumps(row, default=str), flush=True)
+            (args.out / f"gpu_transforms{suffix}.json").write_text(
+                json.dumps({"meta": meta, "rows": rows}, indent=1, default=str)
+            )
+            (args.out / f"gpu_transforms{suffix}.md").write_text(markdown(meta, rows))
+    print(markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()
