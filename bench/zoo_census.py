@@ -4,6 +4,7 @@
 """
 
 import argparse
+import os
 import platform
 import time
 from collections import Counter, defaultdict
@@ -12,6 +13,13 @@ from pathlib import Path
 
 from embed import zoo
 from embed.partition import partition
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown cpu"
 
 
 def census() -> tuple[int, Counter, dict, dict, float]:
@@ -45,7 +53,7 @@ def main() -> None:
     text = "\n".join([
         "# Zoo census",
         "",
-        f"{date.today()} on {platform.machine()} ({platform.processor() or 'cpu'}), "
+        f"{date.today()} on {os.cpu_count()}-core {platform.machine()} ({cpu_name()}), "
         f"{n_models} zoo models (grid members, aliases excluded), imported and partitioned in {seconds:.0f} s.",
         "",
         "| kind | subgraph instances | distinct structural hashes | distinct family hashes |",
