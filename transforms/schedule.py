@@ -10,7 +10,8 @@ the row loops may run in parallel. Roles in recipe steps (``tile(p1,4)``) name t
 Knobs (their meaning per backend is the code generator's): ``parallel`` row loops to collapse into one
 parallel loop, ``tiles`` of row dims (cpu: strip-mined, register-blocked in reductions; cuda: rows per
 thread), ``order`` of the row dims, ``vector`` width and ``unroll`` factor of innermost loops, ``reduce``
-strategy with its ``lanes``, and the cuda launch shape ``threads`` / ``rows_per_block``.
+strategy with its ``lanes``, the cuda launch shape ``threads`` / ``rows_per_block``, and (cuda) ``row_depth``:
+when set, a one-nest group keeps only its outer ``row_depth`` row dims and strides the rest across lanes.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Schedule:
     lanes: int = 1
     threads: int = 0
     rows_per_block: int = 1
+    row_depth: int = 0
 
     def set(self, **knobs: object) -> Schedule:
         return replace(self, **knobs)  # type: ignore[arg-type]

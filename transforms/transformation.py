@@ -77,7 +77,8 @@ def expect_ident(step: Step, position: int, allowed: Sequence[str]) -> str:
 
 
 transformations: Registry[Transformation] = Registry("transformation")
-for _name in ("fuse", "parallel", "tile", "reorder", "vectorize", "unroll", "reduce", "threads", "rows_per_block"):
+for _name in ("fuse", "parallel", "tile", "reorder", "vectorize", "unroll", "reduce", "threads", "rows_per_block",
+              "row_depth"):
     transformations.register_lazy(_name, f"transforms.steps.{_name}:STEP")
 
 

@@ -119,6 +119,7 @@ class CudaBackend:
         l2 = int(cp.cuda.Device().attributes["L2CacheSize"])
         self.copies = copies_past_l2(set_bytes, l2)
         sets = [first] + [{n: a.copy() for n, a in first.items()} for _ in range(self.copies - 1)]
+        cp.cuda.Device().synchronize()  # the copies ran on the default stream; the kernels run on another
         self.stream = cp.cuda.Stream(non_blocking=True)
 
         def launch_all(device: dict[str, Any]) -> None:

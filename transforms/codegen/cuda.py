@@ -100,6 +100,8 @@ class _CudaGen:
     # -- one group = one kernel --------------------------------------------------------------
 
     def group(self, g: Group) -> tuple[int, int]:
+        if self.s.row_depth and len(g.nests) == 1 and g.depth > self.s.row_depth:
+            g = Group(g.nests, self.s.row_depth, g.program)  # inner parallel dims go across the lanes
         lanes, threads = self.lanes(g)
         per_block = threads // lanes
         rows = math.prod(g.row_extent(r) for r in g.rows)
@@ -111,10 +113,12 @@ class _CudaGen:
             self.line(f"__shared__ {self.ctype} k_part[{threads // 32}];")
         env: dict[str, str] = {}
         rest = "row"
-        for role in reversed(g.rows):
+        for k, role in enumerate(reversed(g.rows)):
             v = self.var("i")
             extent = g.row_extent(role)
-            self.line(f"const idx_t {v} = {rest} % {extent};")
+            outermost = k == len(g.rows) - 1  # row < rows where valid; 0 elsewhere, so every read stays in bounds
+            bound = f"valid ? {rest} : 0" if outermost else f"{rest} % {extent}"
+            self.line(f"const idx_t {v} = {bound};")
             rest = f"({rest} / {extent})"
             env[role] = v
         frame = [d.name for d in g.frame.parallel[: g.depth]]
@@ -135,23 +139,22 @@ class _CudaGen:
         if st.combiner is None or inner:
             count = math.prod(d.extent for d in inner)
             k = self.var("k")
-            self.unroll()
-            self.line(f"for (idx_t {k} = lane; valid && {k} < {count}; {k} += {lanes}) {{")
+            close = self.strided(k, count, lanes)
             self.decode(inner, k, env)
             if st.combiner is None:
                 self.line(self.p.store(st.write, env, ext, self.p.expr(st.body, env, ext)))
             else:
                 acc = self.serial_reduction(nest, env)
                 self.finish(nest, env, acc)
-            self.line("}")
+            self.line(close)
             return
         acc = self.var("acc")
         ident = literal(st.combiner.identity, self.ctype)
         self.line(f"{self.ctype} {acc} = {ident};")
         red = nest.reduction
         k = self.var("k")
-        self.unroll()
         if any(d.ragged is not None for d in red):
+            self.unroll()
             d = red[0]
             lo = self.p.index(d.ragged.start, env, ext) if d.ragged else "0"
             hi = self.p.index(d.ragged.stop, env, ext) if d.ragged else str(d.extent)
@@ -159,12 +162,12 @@ class _CudaGen:
                 raise ValueError("a ragged reduction must be the nest's only reduction dim")
             self.line(f"for (idx_t {k} = {lo} + lane; valid && {k} < {hi}; {k} += {lanes}) {{")
             env[d.name] = k
+            close = "}"
         else:
-            count = math.prod(d.extent for d in red)
-            self.line(f"for (idx_t {k} = lane; valid && {k} < {count}; {k} += {lanes}) {{")
+            close = self.strided(k, math.prod(d.extent for d in red), lanes)
             self.decode(list(red), k, env)
         self.line("  " + combine(st.combiner.value, acc, self.p.expr(st.body, env, ext)))
-        self.line("}")
+        self.line(close)
         comb = st.combiner.value
         for offset in (16, 8, 4, 2, 1):
             if offset < min(lanes, 32):
@@ -180,12 +183,29 @@ class _CudaGen:
         self.finish(nest, env, acc)
         self.line("}")
 
+    def strided(self, k: str, count: int, lanes: int) -> str:
+        """Open a loop binding ``k`` to this lane's points of ``0..count`` (stride ``lanes``); returns its closing.
+        When ``lanes`` divides ``count`` the trip count is a constant, so ``unroll`` unrolls it cleanly."""
+        if count % lanes:
+            self.unroll()
+            self.line(f"for (idx_t {k} = lane; valid && {k} < {count}; {k} += {lanes}) {{")
+            return "}"
+        t = self.var("t")
+        self.line("if (valid) {")
+        self.unroll()
+        self.line(f"for (int {t} = 0; {t} < {count // lanes}; {t}++) {{")
+        self.line(f"  const idx_t {k} = lane + (idx_t){t} * {lanes};")
+        return "}}"
+
     def unroll(self) -> None:
         if self.s.unroll > 1:
             self.line(f"#pragma unroll {self.s.unroll}")
 
     def decode(self, dims: list[Dim], flat: str, env: dict[str, str]) -> None:
         """Bind ``dims`` (outer -> inner) to the digits of the flat index ``flat``."""
+        if len(dims) == 1:  # flat < extent already
+            env[dims[0].name] = flat
+            return
         rest = flat
         for d in reversed(dims):
             v = self.var("j")

@@ -1,0 +1,341 @@
+"""Leave-one-model-out evaluation of transfer tuning (``tunebank bench transfer``).
+
+Every distinct subgraph of every model is tuned once with a large budget (``budget`` recipes of ``strategy``:
+the optimum's stand-in where the space is too big to enumerate) and the best recipes of same-kind subgraphs are
+cross-applied to it. Then, for each held-out model, a fresh SQLite database holds only the *other* models'
+subgraphs, their searches and their cross-applications; each encoder is fitted there, the training subgraphs
+are embedded and indexed, and every held-out subgraph is transfer-tuned with k = 1, 3, 5, ... neighbours (never
+itself: a held-out subgraph that another model also has is excluded from its own neighbours). The same
+subgraph is also tried with the default recipe, eager PyTorch and the best of k random recipes.
+
+The optimum of a subgraph is the fastest time measured on it by anything in the run. All numbers go through one
+``Measurer``, so a run can be recorded and replayed exactly.
+"""
+
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from db.index import IndexConfig, VectorIndex
+from db.migrate import upgrade
+from db.session import Database
+from embed.encoders import FeatureSet, encoders
+from embed.importers import load_model
+from embed.ir import Graph
+from embed.partition import partition
+from embed.subgraph import Subgraph
+from service.crawl import baseline, best_of, cross_recipes, profile_vector, tune_one
+from service.embeddings import embed_subgraphs, fit_encoder
+from service.measure import Measurer
+from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
+from service.transfer import transfer_tune
+from transforms.recipe import parse
+from transforms.search.random_search import RandomSearch
+from transforms.space import RecipeSpace, default_recipe
+from transforms.tune import Task, make_task
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    models: tuple[str, ...]
+    backend: str = "cpu"
+    budget: int = 32
+    ks: tuple[int, ...] = (1, 3, 5, 10)
+    encoders: tuple[str, ...] = ("static", "static+profiled", "learned")
+    held_out: tuple[str, ...] | None = None  # models to hold out (default: every model)
+    strategy: str = "evolutionary"
+    local_budget: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.models) < 2:
+            raise ValueError("leave-one-model-out needs at least 2 models")
+        for name in self.encoders:
+            encoders.get(name)  # UnknownNameError lists the valid names
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"k values must be >= 1, got {list(self.ks)}")
+        unknown = set(self.held_out or ()) - set(self.models)
+        if unknown:
+            raise ValueError(f"held-out models {sorted(unknown)} are not among --models")
+
+
+@dataclass
+class HeldOut:
+    """One held-out subgraph in one fold; times in seconds."""
+
+    model: str
+    key: str
+    kind: str
+    name: str
+    space_size: int
+    exact_match: bool  # another model has the same subgraph (it is excluded from the neighbours)
+    default_s: float
+    eager_s: float
+    optimum_s: float = math.inf
+    search_s: float = math.inf  # best of the subgraph's own large-budget search
+    transfer: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # encoder -> k -> outcome
+    random: dict[int, float] = field(default_factory=dict)  # k -> best of default + k random recipes
+
+
+def load_graph(spec: str) -> Graph:
+    """A zoo model (``NAME`` or ``zoo:NAME``) or an ``.onnx`` file."""
+    return load_model(spec if spec.startswith("zoo:") or spec.lower().endswith(".onnx") else f"zoo:{spec}")
+
+
+class TransferBench:
+    """One run of the harness over ``config`` with ``measurer``; ``run()`` returns the held-out outcomes."""
+
+    def __init__(self, config: BenchConfig, measurer: Measurer, *, workdir: Path, progress: Progress | None = None):
+        self.config, self.measurer, self.workdir = config, measurer, Path(workdir)
+        self.progress = progress or (lambda message: None)
+        self.backend = config.backend
+        self.models: dict[str, list[str]] = {}
+        self.subgraphs: dict[str, Subgraph] = {}
+        self.tasks: dict[str, Task] = {}
+        self.own: dict[str, list[tuple[str, Any]]] = {}
+        self.best: dict[str, str] = {}
+        self.cross: dict[str, dict[str, str]] = {}
+
+    def run(self) -> list[HeldOut]:
+        self._load()
+        self._tune_all()
+        held = [m for m in self.config.models if self.config.held_out is None or m in self.config.held_out]
+        outcomes = [o for i, model in enumerate(held) for o in self._fold(i, model)]
+        for o in outcomes:
+            o.random = self._random_k(o.key)
+        for o in outcomes:
+            ok = [v for v in self.measurer.table.results[o.key].values() if not isinstance(v, str)]
+            o.optimum_s = min(ok, default=math.inf)
+        return outcomes
+
+    def _load(self) -> None:
+        for spec in self.config.models:
+            self.progress(f"loading {spec}")
+            keys = []
+            for s in partition(load_graph(spec)):
+                if s.tunable and s.structural_hash not in keys:
+                    keys.append(s.structural_hash)
+                    self.subgraphs.setdefault(s.structural_hash, s)
+            self.models[spec] = keys
+        for key, s in self.subgraphs.items():
+            self.tasks[key] = make_task(s, seed=self.config.seed, name=f"{s.graph.name} ({'+'.join(s.ops)})")
+
+    def _tune_all(self) -> None:
+        for n, (key, task) in enumerate(self.tasks.items(), 1):
+            self.progress(f"tuning {n}/{len(self.tasks)}: {task.name[:60]}")
+            baseline(task, key, self.measurer, self.backend)
+            history = tune_one(task, key, self.measurer, backend=self.backend, strategy=self.config.strategy,
+                               budget=self.config.budget, seed=self.config.seed)
+            self.own[key] = [(str(r), m) for r, m in history]
+            found = best_of(history)
+            if found is not None:
+                self.best[key] = str(found[0])
+        for n, (key, task) in enumerate(self.tasks.items(), 1):
+            self.progress(f"cross table {n}/{len(self.tasks)}")
+            sources = {h: r for h, r in self.best.items() if h != key and self.tasks[h].kind == task.kind}
+            self.cross[key] = cross_recipes(task.program, self.backend, sources)
+            self.measurer.measure(task, key, [parse(r) for r in sorted(set(self.cross[key].values()))])
+
+    def _training_db(self, fold: int, train: list[str]) -> tuple[Database, int, dict[str, int]]:
+        database = Database(f"sqlite:///{self.workdir / f'fold{fold}.db'}")
+        upgrade(database.engine)
+        device = self.measurer.table.device
+        with database.scope() as session:
+            device_id = register_device(session, device)
+            ids = add_subgraphs(session, [self.subgraphs[k] for k in train])
+            profiles = {}
+            for key in train:
+                task = self.tasks[key]
+                measured = dict(self.own[key])
+                recipes = {r for b, r in self.cross[key].items() if b in ids}
+                measured |= dict(zip(recipes, self.measurer.measure(task, key, [parse(r) for r in recipes]),
+                                     strict=True))
+                add_measurements(session, device, self.measurer.table.toolchain, key, measured.items())
+                base = baseline(task, key, self.measurer, self.backend)
+                profiles[ids[key]] = profile_vector(task, self.subgraphs[key], base, device)
+            add_profiles(session, device_id, profiles)
+        return database, device_id, ids
+
+    def _fold(self, fold: int, model: str) -> list[HeldOut]:
+        held = self.models[model]
+        train = list(dict.fromkeys(k for m, keys in self.models.items() if m != model for k in keys))
+        self.progress(f"fold {fold + 1}: holding out {model} ({len(held)} subgraphs, {len(train)} in the database)")
+        database, device_id, ids = self._training_db(fold, train)
+        outcomes = {key: self._held_out(model, key, key in ids) for key in held}
+        try:
+            for name in self.config.encoders:
+                with database.scope() as session:
+                    encoder = fit_encoder(session, name, device_id=device_id, subgraph_ids=list(ids.values()),
+                                          backend=self.backend, seed=self.config.seed)
+                    index_key = embed_subgraphs(session, encoder, device_id=device_id, subgraph_ids=list(ids.values()))
+                index = VectorIndex.open(database, index_key, self.workdir / f"index{fold}", IndexConfig("Flat"))
+                for key in held:
+                    vector = encoder.encode(self._query_features(key, encoder.uses_profile))[0]
+                    with database.scope() as session:
+                        outcomes[key].transfer[name] = {
+                            k: _summary(transfer_tune(
+                                self.tasks[key], key, vector, session=session, index=index, device_id=device_id,
+                                measurer=self.measurer, backend=self.backend, k=k,
+                                local_budget=self.config.local_budget, exclude={key}, seed=self.config.seed))
+                            for k in self.config.ks
+                        }
+        finally:
+            database.dispose()
+        return list(outcomes.values())
+
+    def _held_out(self, model: str, key: str, exact: bool) -> HeldOut:
+        task = self.tasks[key]
+        base = baseline(task, key, self.measurer, self.backend)
+        own = [m.score for _, m in self.own[key]]
+        return HeldOut(model, key, task.kind, task.name, RecipeSpace(task.program, self.backend).size(), exact,
+                       base.default_s, base.eager_s, search_s=min(own, default=math.inf))
+
+    def _query_features(self, key: str, profiled: bool) -> FeatureSet:
+        subgraph, task = self.subgraphs[key], self.tasks[key]
+        static = static_vector(subgraph)
+        if not profiled:
+            return FeatureSet(static)
+        base = baseline(task, key, self.measurer, self.backend)
+        return FeatureSet(static, profile_vector(task, subgraph, base, self.measurer.table.device))
+
+    def _random_k(self, key: str) -> dict[int, float]:
+        """Best of the default recipe and the first k of ``max(ks)`` uniform random recipes, per k."""
+        task = self.tasks[key]
+        picks = RandomSearch(RecipeSpace(task.program, self.backend), budget=max(self.config.ks),
+                             seed=self.config.seed + 1).ask(max(self.config.ks))
+        default = default_recipe(task.program, self.backend)
+        scores = [r.score for r in self.measurer.measure(task, key, [default, *picks])]
+        return {k: min(scores[: k + 1]) for k in self.config.ks}
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    return {
+        "s": result.winner_s, "evaluations": result.evaluations, "winner": result.winner,
+        "neighbours": [{"distance": n.distance, "recipe": n.recipe, "changes": list(n.changes)}
+                       for n in result.neighbours],
+    }
+
+
+# ---- figures -------------------------------------------------------------------------------------------------
+
+
+def geomean(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v) and v > 0]
+    return float(np.exp(np.mean(np.log(finite)))) if finite else math.nan
+
+
+@dataclass(frozen=True)
+class Row:
+    """One method: geomean fraction of the optimum reached, evaluations (mean), share of the space evaluated
+    (mean), geomean speedups over eager and over the default recipe."""
+
+    method: str
+    encoder: str
+    k: int | None
+    fraction_of_optimum: float
+    evaluations: float
+    space_fraction: float
+    speedup_vs_eager: float
+    speedup_vs_default: float
+
+
+def _row(method: str, encoder: str, k: int | None, outcomes: Sequence[HeldOut], times: Sequence[float],
+         evaluations: Sequence[float]) -> Row:
+    return Row(
+        method, encoder, k,
+        geomean([o.optimum_s / t for o, t in zip(outcomes, times, strict=True)]),
+        float(np.mean(evaluations)),
+        float(np.mean([e / o.space_size for o, e in zip(outcomes, evaluations, strict=True)])),
+        geomean([o.eager_s / t for o, t in zip(outcomes, times, strict=True)]),
+        geomean([o.default_s / t for o, t in zip(outcomes, times, strict=True)]),
+    )
+
+
+def table(outcomes: Sequence[HeldOut], config: BenchConfig) -> list[Row]:
+    rows = [
+        _row("eager", "-", None, outcomes, [o.eager_s for o in outcomes], [0] * len(outcomes)),
+        _row("default recipe", "-", None, outcomes, [o.default_s for o in outcomes], [1] * len(outcomes)),
+        _row(f"{config.strategy} search", "-", config.budget, outcomes, [o.search_s for o in outcomes],
+             [config.budget + 1] * len(outcomes)),
+    ]
+    for k in config.ks:
+        rows.append(_row("random", "-", k, outcomes, [o.random[k] for o in outcomes], [k + 1] * len(outcomes)))
+    for name in config.encoders:
+        for k in config.ks:
+            rows.append(_row("transfer", name, k, outcomes, [o.transfer[name][k]["s"] for o in outcomes],
+                             [o.transfer[name][k]["evaluations"] for o in outcomes]))
+    return rows
+
+
+def report_json(outcomes: Sequence[HeldOut], config: BenchConfig, measurer: Measurer) -> dict[str, Any]:
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    return clean({
+        "config": asdict(config),
+        "device": asdict(measurer.table.device),
+        "toolchain": measurer.table.toolchain,
+        "kernels_run": measurer.evaluations,
+        "table": [asdict(r) for r in table(outcomes, config)],
+        "held_out": [asdict(o) for o in outcomes],
+        "measurements": measurer.table.to_json(),
+    })
+
+
+def report_markdown(outcomes: Sequence[HeldOut], config: BenchConfig, measurer: Measurer) -> str:
+    device = measurer.table.device
+    exact = sum(o.exact_match for o in outcomes)
+    lines = [
+        "# Transfer tuning, leave-one-model-out",
+        "",
+        f"Device: {device.name} ({device.device_class}; {device.bandwidth_gbps:.1f} GB/s, "
+        f"{device.peak_gflops:.0f} GFLOP/s measured). Backend {config.backend}; "
+        f"toolchain `{measurer.table.toolchain.splitlines()[0]}`.",
+        f"Models ({len(config.models)}): {', '.join(config.models)}.",
+        f"Held-out subgraphs: {len(outcomes)} (over {len({o.model for o in outcomes})} folds; {exact} also occur in "
+        "another model and are excluded from their own neighbours).",
+        f"Optimum: fastest time measured on the subgraph by anything in the run, including a {config.strategy} "
+        f"search of {config.budget} recipes (+ default); kernels run: {measurer.evaluations}. "
+        f"Local search after transfer: {config.local_budget} recipes.",
+        "",
+        "| method | encoder | k | fraction of optimum (geomean) | evaluations (mean) | share of space | "
+        "x eager (geomean) | x default (geomean) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table(outcomes, config):
+        lines.append(
+            f"| {r.method} | {r.encoder} | {'-' if r.k is None else r.k} | {r.fraction_of_optimum:.3f} | "
+            f"{r.evaluations:.1f} | {r.space_fraction:.2e} | {r.speedup_vs_eager:.2f} | {r.speedup_vs_default:.2f} |"
+        )
+    lines += ["", "Per held-out subgraph (k = 5 where run, else the largest k; fraction of optimum):", ""]
+    k = 5 if 5 in config.ks else max(config.ks)
+    lines.append("| model | subgraph | kind | space | optimum us | default | random | "
+                 + " | ".join(config.encoders) + " |")
+    lines.append("|---|---|---|---|---|---|---|" + "---|" * len(config.encoders))
+    for o in outcomes:
+        cells = [f"{o.optimum_s / o.transfer[e][k]['s']:.2f}" for e in config.encoders]
+        lines.append(f"| {o.model} | {o.name[:50]} | {o.kind} | {o.space_size} | {o.optimum_s * 1e6:.1f} | "
+                     f"{o.optimum_s / o.default_s:.2f} | {o.optimum_s / o.random[k]:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_bench(config: BenchConfig, measurer: Measurer, *, workdir: Path | None = None,
+              progress: Progress | None = None) -> list[HeldOut]:
+    """Run the harness; databases and index files go to ``workdir`` (a temporary folder by default)."""
+    if workdir is not None:
+        return TransferBench(config, measurer, workdir=workdir, progress=progress).run()
+    with tempfile.TemporaryDirectory(prefix="tunebank-bench-") as tmp:
+        return TransferBench(config, measurer, workdir=Path(tmp), progress=progress).run()

@@ -1,0 +1,98 @@
+"""The transfer tuning step (strategy ``transfer``): embed the subgraph, take its k nearest neighbours of the
+same kind on the same device class, adapt their best recipes, validate and time them against the default
+recipe (the baseline), keep the fastest; optionally hill-climb from it with a small budget.
+
+    result = transfer_tune(task, key, vector, session=s, index=index, device_id=d, measurer=m, backend="cpu", k=5)
+    result.winner, result.winner_s, result.evaluations, [(n.distance, n.changes) for n in result.neighbours]
+"""
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from db.index import VectorIndex
+from db.repositories.rankings import best_recipes
+from service.measure import Measurer
+from transforms.adapt import adapt
+from transforms.recipe import Recipe, parse
+from transforms.results import RunResult
+from transforms.search import create
+from transforms.search.strategy import search
+from transforms.space import RecipeSpace, default_recipe
+from transforms.tune import Task
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A neighbour in embedding space, its best recipe and that recipe adapted to the query subgraph."""
+
+    subgraph_id: int
+    structural_hash: str
+    distance: float
+    source_recipe: str
+    recipe: str
+    changes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Tried:
+    recipe: str
+    result: RunResult
+    origin: str  # "default", "neighbour" or "local"
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    """What was tried (in order, the default first), the neighbours, and the winner (the default when no
+    candidate beat it). ``evaluations`` counts distinct recipes measured, the default included."""
+
+    neighbours: tuple[Neighbour, ...]
+    tried: tuple[Tried, ...]
+    winner: str
+    winner_s: float
+    default_s: float
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.tried)
+
+    @property
+    def speedup(self) -> float:
+        return self.default_s / self.winner_s
+
+
+def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task: Task, device_id: int, k: int,
+               backend: str, exclude: Collection[str] = ()) -> list[Neighbour]:
+    """The ``k`` nearest subgraphs of the task's kind that have a best recipe on the device (``exclude``: structural
+    hashes to skip), with their best recipes adapted to the task."""
+    found = index.search(session, vector, k + len(exclude), kinds={task.kind})
+    hits = [(row, d) for row, d in zip(found.subgraphs, found.distances, strict=True)
+            if row.structural_hash not in exclude][:k]
+    best = best_recipes(session, device_id=device_id, subgraph_ids=[row.id for row, _ in hits])
+    out = []
+    for row, distance in hits:
+        if row.id in best:
+            source = best[row.id].recipe
+            recipe, changes = adapt(parse(source), task.program, backend)
+            out.append(Neighbour(row.id, row.structural_hash, distance, source, str(recipe), tuple(changes)))
+    return out
+
+
+def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session, index: VectorIndex, device_id: int,
+                  measurer: Measurer, backend: str, k: int = 5, local_budget: int = 0, exclude: Collection[str] = (),
+                  seed: int = 0) -> TransferResult:
+    """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``)."""
+    near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude)
+    default = default_recipe(task.program, backend)
+    candidates = [parse(n.recipe) for n in near]
+    searcher = create("given_candidates", RecipeSpace(task.program, backend), candidates=[default, *candidates],
+                      local_budget=local_budget, seed=seed)
+    search(searcher, lambda recipes: measurer.measure(task, key, recipes))
+    base = next(m for r, m in searcher.history if r == default)
+    given = {str(c) for c in candidates}
+    tried = tuple(Tried(str(r), m, "default" if r == default else "neighbour" if str(r) in given else "local")
+                  for r, m in searcher.history)
+    winner: tuple[Recipe, RunResult] = searcher.best or (default, base)
+    return TransferResult(tuple(near), tried, str(winner[0]), winner[1].score, base.score)

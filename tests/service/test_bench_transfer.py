@@ -1,0 +1,50 @@
+"""The transfer benchmark harness: one real (small) cpu run, its exact replay, and the comparison of transfer
+with the default recipe and random picks on a recorded cpu measurement table."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from service.bench_transfer import BenchConfig, report_json, report_markdown, run_bench, table
+from service.measure import MeasurementTable, Measurer, MissingMeasurementError, live_measurer
+from tests.service.conftest import DEVICE
+from transforms.compilers.cpu import toolchain_id
+from transforms.run import Worker
+from tunebank.cli.bench import transfer_command
+
+DATA = Path(__file__).parent / "data"
+REAL = BenchConfig(models=("lm_head-h64-v256-t32", "cnn_head-c32-i7-b1", "gcn-n256-f32-d0.01"), budget=4, ks=(1, 2))
+
+
+def test_real_cpu_run_and_its_exact_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # kernel workers: steadier timings on a shared machine
+    with Worker() as worker:
+        measurer = live_measurer(MeasurementTable(DEVICE, toolchain_id()), backend="cpu", cache_dir=tmp_path / "k",
+                                 worker=worker, repeats=3)
+        outcomes = run_bench(REAL, measurer, workdir=tmp_path)
+    assert len(outcomes) == 9 and {o.model for o in outcomes} == set(REAL.models)
+    for o in outcomes:
+        assert set(o.transfer) == {"static", "static+profiled", "learned"} and set(o.random) == {1, 2}
+        for per_k in o.transfer.values():
+            for k, t in per_k.items():
+                assert 1 <= t["evaluations"] <= k + 1 and len(t["neighbours"]) <= k
+                assert o.optimum_s <= t["s"] <= o.default_s  # the default is the baseline a transfer must beat
+        assert o.optimum_s <= min(o.search_s, o.random[2]) and o.space_size > 1000
+    report = json.loads(json.dumps(report_json(outcomes, REAL, measurer), allow_nan=False))
+    rows = {(r["method"], r["encoder"], r["k"]): r for r in report["table"]}
+    assert rows[("default recipe", "-", None)]["evaluations"] == 1.0
+    assert 0 < rows[("transfer", "learned", 2)]["fraction_of_optimum"] <= 1.0
+    assert "| transfer | static+profiled | 2 |" in report_markdown(outcomes, REAL, measurer)
+
+    replay = Measurer(MeasurementTable.from_json(report["measurements"]))
+    again = run_bench(REAL, replay, workdir=tmp_path / "replay")
+    assert replay.evaluations == 0
+    assert [asdict(o) for o in again] == [asdict(o) for o in outcomes]
+    with pytest.raises(MissingMeasurementError, match="has no measurement"):
+        run_bench(BenchConfig(models=REAL.models, budget=5, ks=(1,)), replay, workdir=tmp_path / "other")
+
+

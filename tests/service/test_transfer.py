@@ -1,0 +1,66 @@
+"""Crawl into a database, embed, and transfer-tune from it (synthetic measurements: no timing noise)."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import func, select
+
+from db.index import IndexConfig, VectorIndex
+from db.migrate import upgrade
+from db.models import Embedding, Measurement
+from db.session import Database
+from embed.features import static_features
+from embed.subgraph import Subgraph
+from service.crawl import crawl
+from service.embeddings import embed_subgraphs, fit_encoder, profiled_subgraphs
+from service.store import FAILED_LOSS, transfer_pairs
+from service.transfer import transfer_tune
+from tests.service.conftest import synthetic_measurer
+from transforms.space import default_recipe
+from transforms.tune import make_task
+
+
+def test_crawl_stores_searches_cross_table_and_profiles(tmp_path: Path, tiny_subgraphs: list[Subgraph]) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    upgrade(database.engine)
+    measurer = synthetic_measurer()
+    report = crawl(database, tiny_subgraphs, measurer, backend="cpu", budget=6)
+    assert report.subgraphs == 4 and len(report.best) == 4
+    assert report.cross_applications >= 4  # each subgraph got the best recipe of the other one of its kind
+    with database.scope() as session:
+        assert session.scalar(select(func.count()).select_from(Measurement)) == report.measurements
+        ids = profiled_subgraphs(session, 1)
+        assert len(ids) == 4
+        pairs = transfer_pairs(session, 1, ids, "cpu")
+        # pairs only of the same kind (ids: contraction, reduction, reduction, contraction), and only where the
+        # current best of b (which the cross table may have improved) was measured on a
+        assert 2 <= len(pairs) <= 4 and np.all(pairs.loss >= 0) and np.all(pairs.loss <= FAILED_LOSS)
+        assert set(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True)) <= {(0, 3), (3, 0), (1, 2), (2, 1)}
+
+        encoder = fit_encoder(session, "static", device_id=1, subgraph_ids=ids, backend="cpu")
+        key = embed_subgraphs(session, encoder, device_id=1, subgraph_ids=ids)
+        assert session.scalar(select(func.count()).where(Embedding.encoder == "static")) == 4
+    index = VectorIndex.open(database, key, tmp_path / "index", IndexConfig("Flat"))
+
+    query = tiny_subgraphs[0]
+    task = make_task(query)
+    vector = encoder.encode(_features(query))[0]
+    with database.scope() as session:
+        result = transfer_tune(task, query.structural_hash, vector, session=session, index=index, device_id=1,
+                               measurer=measurer, backend="cpu", k=3, exclude={query.structural_hash})
+        kept = transfer_tune(task, query.structural_hash, vector, session=session, index=index, device_id=1,
+                             measurer=measurer, backend="cpu", k=1, local_budget=3)
+    (neighbour,) = result.neighbours  # one other subgraph of the same kind; the query itself is excluded
+    assert neighbour.structural_hash != query.structural_hash and neighbour.distance > 0
+    assert result.tried[0].origin == "default" and result.tried[0].recipe == str(default_recipe(task.program))
+    assert result.evaluations == len({t.recipe for t in result.tried}) <= 2
+    assert result.winner_s == min(t.result.score for t in result.tried) and result.speedup >= 1.0
+    assert kept.neighbours[0].distance == 0.0  # not excluded: the query's own row is its nearest neighbour
+    assert [t.origin for t in kept.tried].count("local") == 3 and math.isfinite(kept.winner_s)
+
+
+def _features(subgraph: Subgraph):  # noqa: ANN202
+    from embed.encoders import FeatureSet
+
+    return FeatureSet(static_features(make_task(subgraph).program, family_hash=subgraph.family_hash).as_array())

@@ -1,0 +1,71 @@
+"""``tunebank embed train|promote``: fit a new encoder version from the database, embed every profiled subgraph
+with it, and (optionally) promote it; the previously promoted version stays in use until then."""
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from db.errors import DbError
+from db.migrate import check_schema
+from db.repositories.devices import get_device
+from db.session import Database
+from embed.encoders import EncoderError
+from embed.registry import UnknownNameError
+from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
+from tunebank.cli.errors import fail
+from tunebank.settings import Settings
+
+app = typer.Typer(help="Performance-embedding encoders.", no_args_is_help=True)
+console = Console(highlight=False)
+
+
+def _store(settings: Settings) -> EncoderStore:
+    return EncoderStore(settings.data_dir / "encoders")
+
+
+@app.command("train")
+def train_command(
+    device: Annotated[str, typer.Option(help="device name (as registered by the crawler)")],
+    encoder: Annotated[str, typer.Option(help="static | static+profiled | learned")] = "learned",
+    backend: Annotated[str, typer.Option(help="cpu | cuda: the backend the device's recipes are for")] = "cuda",
+    promote: Annotated[bool, typer.Option(help="make the new version the one searches use")] = False,
+    seed: Annotated[int, typer.Option(help="training seed")] = 0,
+) -> None:
+    """Fit ENCODER on the device's profiled subgraphs (and cross-applications), store it as a new version, and
+    embed every profiled subgraph with it."""
+    settings = Settings()
+    store = _store(settings)
+    database = Database(settings.resolved_database_url)
+    try:
+        check_schema(database.engine)
+        with database.scope() as session:
+            device_id = get_device(session, device).id
+            ids = profiled_subgraphs(session, device_id)
+            if len(ids) < 2:
+                fail(f"device {device!r} has {len(ids)} profiled subgraphs; crawl more before training")
+            fitted = fit_encoder(session, encoder, device_id=device_id, subgraph_ids=ids, backend=backend, seed=seed)
+            embed_subgraphs(session, fitted, device_id=device_id, subgraph_ids=ids)
+        store.save(fitted)
+        previous = store.promoted(encoder)
+        if promote:
+            store.promote(encoder, fitted.version)
+    except (DbError, EncoderError, UnknownNameError, LookupError) as e:
+        fail(str(e).splitlines()[0])
+    finally:
+        database.dispose()
+    state = "promoted" if promote else f"not promoted (in use: {previous or 'none'})"
+    console.print(f"{encoder} version {fitted.version}: {len(ids)} subgraphs embedded; {state}", markup=False)
+
+
+@app.command("promote")
+def promote_command(
+    encoder: Annotated[str, typer.Argument(help="encoder name")],
+    version: Annotated[str, typer.Argument(help="a stored version")],
+) -> None:
+    """Make VERSION of ENCODER the one searches use."""
+    try:
+        _store(Settings()).promote(encoder, version)
+    except LookupError as e:
+        fail(str(e))
+    console.print(f"{encoder}: version {version} promoted", markup=False)
