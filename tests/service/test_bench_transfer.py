@@ -48,3 +48,42 @@ def test_real_cpu_run_and_its_exact_replay(tmp_path: Path, monkeypatch: pytest.M
         run_bench(BenchConfig(models=REAL.models, budget=5, ks=(1,)), replay, workdir=tmp_path / "other")
 
 
+
+
+def test_transfer_beats_default_and_random_picks_on_a_recorded_cpu_table() -> None:
+    # Recorded with `tunebank bench transfer` on this project's 2-core development machine (OMP_NUM_THREADS=1):
+    # 4 models, 32 held-out subgraphs, evolutionary search of 16 recipes each, cross table, random and transfer picks.
+    recording = json.loads((DATA / "transfer_cpu_replay.json").read_text())
+    config = BenchConfig(**{**recording["config"], "models": tuple(recording["config"]["models"]),
+                            "ks": tuple(recording["config"]["ks"]), "encoders": tuple(recording["config"]["encoders"]),
+                            "held_out": None})
+    measurer = Measurer(MeasurementTable.from_json(recording["measurements"]))
+    outcomes = run_bench(config, measurer)
+    assert measurer.evaluations == 0 and len(outcomes) == 32
+    rows = {(r.method, r.encoder, r.k): r for r in table(outcomes, config)}
+    default, random5 = rows[("default recipe", "-", None)], rows[("random", "-", 5)]
+    for encoder in config.encoders:
+        transfer5 = rows[("transfer", encoder, 5)]
+        assert transfer5.fraction_of_optimum > 2.0 * default.fraction_of_optimum
+        assert transfer5.fraction_of_optimum > 1.3 * random5.fraction_of_optimum
+        assert transfer5.evaluations < random5.evaluations  # and with fewer evaluations (k + 1 at most)
+        assert transfer5.speedup_vs_default > 2.5
+
+
+def test_cli_replays_a_recording(tmp_path: Path) -> None:
+    app = typer.Typer()
+    app.command()(transfer_command)
+    recording = json.loads((DATA / "transfer_cpu_replay.json").read_text())["config"]
+    out = tmp_path / "r"
+    result = CliRunner().invoke(app, [
+        "--models", ",".join(recording["models"]), "--budget", "16", "--k", "1,3,5", "--encoders", "static",
+        "--held-out", "lm_head-h128-v512-t64", "--replay", str(DATA / "transfer_cpu_replay.json"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert len(report["held_out"]) == 2 and report["kernels_run"] == 0
+    assert "| transfer | static | 5 |" in out.with_suffix(".md").read_text()
+    bad = CliRunner().invoke(app, ["--models", "a", "--replay", "x.json"])
+    assert bad.exit_code == 2 and "at least 2 models" in bad.output
+    missing = CliRunner().invoke(app, ["--models", ",".join(recording["models"]), "--budget", "3",
+                                       "--replay", str(DATA / "transfer_cpu_replay.json"), "--out", str(out)])
+    assert missing.exit_code == 2 and "the recording has no measurement" in missing.output
