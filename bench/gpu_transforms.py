@@ -97,13 +97,15 @@ def cross_entropy(m: int, c: int) -> Case:
     return Case("cross-entropy", f"{m}x{c}", b.build([loss]), 4 * m * c + 8 * m + 4)
 
 
-def matmul_bias_gelu(m: int, k: int, n: int) -> Case:
+def matmul_bias_gelu(m: int, k: int, n: int, dtype: str = F16) -> Case:
     b = GraphBuilder("matmul_bias_gelu")
-    x, w, bias = b.input("x", (m, k), F16), b.param("w", (k, n), F16), b.param("bias", (n,), F16)
-    y = b.node("matmul", [x, w], (m, n), F16)
-    z = b.node("add", [y, bias], (m, n), F16)
-    out = b.node("gelu", [z], (m, n), F16, name="out", approximate="none")
-    return Case("matmul+bias+gelu", f"{m}x{k}x{n}", b.build([out]), 2 * (m * k + k * n + n + m * n), 2 * m * k * n)
+    x, w, bias = b.input("x", (m, k), dtype), b.param("w", (k, n), dtype), b.param("bias", (n,), dtype)
+    y = b.node("matmul", [x, w], (m, n), dtype)
+    z = b.node("add", [y, bias], (m, n), dtype)
+    out = b.node("gelu", [z], (m, n), dtype, name="out", approximate="none")
+    size = f"{m}x{k}x{n}" + ("" if dtype == F16 else f" {dtype}")
+    item = 4 if dtype == F32 else 2
+    return Case("matmul+bias+gelu", size, b.build([out]), item * (m * k + k * n + n + m * n), 2 * m * k * n)
 
 
 def gcn_spmm(nodes: int, per_row: int, feats: int) -> Case:
@@ -149,6 +151,9 @@ def cases(quick: bool) -> list[Case]:
         cross_entropy(4096, 32000),
         matmul_bias_gelu(2048, 1024, 1024),
         matmul_bias_gelu(4096, 768, 3072),
+        matmul_bias_gelu(2048, 1000, 1000),
+        matmul_bias_gelu(4096, 768, 3072, "bfloat16"),
+        matmul_bias_gelu(2048, 1024, 1024, F32),
         gcn_spmm(131072, 8, 64),
     ]
 

@@ -3,8 +3,9 @@
 The contract between code generation and the runner:
 
 - :class:`Launch`: the entry symbol, its arguments in order (:class:`Buffer` or :class:`Scalar`) and, for
-  CUDA, grid / block / dynamic shared memory. A cpu kernel is called as ``entry(arg0, arg1, ...)`` with
-  buffers passed as pointers.
+  CUDA, grid / block / dynamic shared memory (above 48 KB the worker raises the kernel's limit), or a
+  ``library`` routine the worker runs on the arguments instead of a kernel (cuda: ``cublas_gemm``). A cpu
+  kernel is called as ``entry(arg0, arg1, ...)`` with buffers passed as pointers.
 - :class:`Problem`: input arrays by buffer name (fresh random values chosen by the caller; they are
   converted to the buffer dtype, so compute the reference from :func:`quantize`-d inputs) and float64
   reference outputs by output-buffer name, plus optional per-output tolerances.
@@ -123,13 +124,15 @@ class Scalar:
 
 @dataclass(frozen=True)
 class Launch:
-    """How to call a kernel: entry symbol, ordered arguments, and (cuda) grid, block, dynamic shared bytes."""
+    """How to call a kernel: entry symbol, ordered arguments, and (cuda) grid, block, dynamic shared bytes; or,
+    with ``library`` set, which library routine the worker calls on the arguments (see ``transforms.worker``)."""
 
     entry: str
     args: tuple[Buffer | Scalar, ...]
     grid: tuple[int, int, int] = (1, 1, 1)
     block: tuple[int, int, int] = (1, 1, 1)
     shared_bytes: int = 0
+    library: str = ""
 
     def __post_init__(self) -> None:
         _check_name(self.entry)
@@ -150,7 +153,8 @@ class Launch:
     def from_json(cls, data: dict[str, Any]) -> "Launch":
         types = {"Buffer": Buffer, "Scalar": Scalar}
         args = tuple(types[a.pop("type")](**a) for a in (dict(a) for a in data["args"]))
-        return cls(data["entry"], args, tuple(data["grid"]), tuple(data["block"]), data["shared_bytes"])
+        return cls(data["entry"], args, tuple(data["grid"]), tuple(data["block"]), data["shared_bytes"],
+                   data.get("library", ""))
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,8 +10,9 @@ the row loops may run in parallel. Roles in recipe steps (``tile(p1,4)``) name t
 Knobs (their meaning per backend is the code generator's): ``parallel`` row loops to collapse into one
 parallel loop, ``tiles`` of row dims (cpu: strip-mined, register-blocked in reductions; cuda: rows per
 thread), ``order`` of the row dims, ``vector`` width and ``unroll`` factor of innermost loops, ``reduce``
-strategy with its ``lanes``, the cuda launch shape ``threads`` / ``rows_per_block``, and (cuda) ``row_depth``:
-when set, a one-nest group keeps only its outer ``row_depth`` row dims and strides the rest across lanes.
+strategy with its ``lanes``, the cuda launch shape ``threads`` / ``rows_per_block``, (cuda) ``row_depth``:
+when set, a one-nest group keeps only its outer ``row_depth`` row dims and strides the rest across lanes, and
+(cuda) ``row_mode``: when set, row groups run as row kernels (``transforms.codegen.cuda_rows``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from embed.loopnest import Access, Affine, BufferKind, LoopNest, LoopProgram
+from transforms.contraction import GemmConfig
 from transforms.recipe import Role
 
 FUSE_MODES = ("none", "outer", "all")
@@ -70,6 +72,8 @@ class Schedule:
     threads: int = 0
     rows_per_block: int = 1
     row_depth: int = 0
+    row_mode: str = ""
+    gemm: GemmConfig | None = None  # (cuda) a contraction run by transforms.codegen.cuda_gemm
 
     def set(self, **knobs: object) -> Schedule:
         return replace(self, **knobs)  # type: ignore[arg-type]

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from embed import zoo
+from embed.builder import GraphBuilder
+from embed.ir import Graph
 from embed.lower import lower
 from embed.partition import partition
 from tests.transforms.kernels import single
@@ -15,6 +17,7 @@ from transforms.codegen import generate
 from transforms.compilers import cuda
 from transforms.recipe import parse
 from transforms.space import RecipeSpace, default_recipe
+from transforms.steps.inline import inline_gathers
 from transforms.transformation import apply_recipe
 
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no NVRTC or nvcc")
@@ -58,6 +61,81 @@ def test_row_depth_strides_inner_columns_across_lanes() -> None:
     assert re.search(r"#pragma unroll 4\n\s*for \(int (t\d+) = 0; \1 < 4; \1\+\+\)", exact.code)  # constant trips
 
 
+def _softmax(rows: int, cols: int):  # type: ignore[no-untyped-def]
+    return lower(single("softmax", [("x", (rows, cols), "float16")], (rows, cols), "float16", axis=-1))
+
+
+def _cross_entropy(rows: int, classes: int) -> Graph:
+    b = GraphBuilder("ce")
+    logits, target = b.input("logits", (rows, classes), "float32"), b.input("target", (rows,), "int64")
+    logp = b.node("log_softmax", [logits], (rows, classes), "float32", axis=1)
+    return b.build([b.node("nll_loss", [logp, target], (), "float32", name="out", reduction="mean")])
+
+
+def _add_layernorm(rows: int, cols: int) -> Graph:
+    b = GraphBuilder("add_ln")
+    x, r = b.input("x", (rows, cols), "float16"), b.input("r", (rows, cols), "float16")
+    w, bias = b.input("w", (cols,), "float16"), b.input("b", (cols,), "float16")
+    s = b.node("add", [x, r], (rows, cols), "float16")
+    return b.build([b.node("layer_norm", [s, w, bias], (rows, cols), "float16", name="out", axes=[1], eps=1e-5)])
+
+
+def test_registers_mode_reads_each_input_once_with_16_byte_words() -> None:
+    code = generate(apply_recipe(parse("fuse(all);threads(256);reduce(block);row_mode(registers);vectorize(8)"),
+                    _softmax(64, 128)), "cuda")
+    (launch,) = code.launches
+    assert (launch.grid, launch.block) == ((1, 1, 1), (256, 1, 1))  # 4 lanes of 4 x 8 halves per row: 64 rows a block
+    assert code.code.count("*(const uint4*)((const char*)(b0") == 4 and code.code.count("*(uint4*)") == 4  # per chunk
+    assert "b2[" not in code.code and "b3[" not in code.code  # max and sum never leave registers
+    assert code.code.count("__shfl_xor_sync(0xffffffffu, acc") == 4  # 2 sub-warp levels for each reduction
+    ln = lower(_add_layernorm(8, 768))
+    text = generate(apply_recipe(parse("fuse(all);threads(256);reduce(block);row_mode(registers);vectorize(8)"), ln),
+                    "cuda").code
+    assert text.count("(const uint4*)((const char*)(b0") == 3 and text.count("(const uint4*)((const char*)(b1") == 3
+    assert "b5[" not in text  # the residual sum stays in registers, never stored
+
+
+def test_misaligned_rows_fall_back_to_narrower_words() -> None:
+    recipe = parse("fuse(all);threads(64);reduce(warp);row_mode(stream);vectorize(8)")
+    code = generate(apply_recipe(recipe, _softmax(4, 300)), "cuda").code  # 300 = 4 * 75: 8-byte words
+    assert "uint2" in code and "uint4" not in code
+    odd = generate(apply_recipe(recipe, _softmax(4, 301)), "cuda").code  # odd rows: scalar accesses only
+    assert "uint" not in odd.split("tb_kernel0")[1]
+
+
+def test_online_mode_merges_max_and_sum_into_one_pass() -> None:
+    recipe = "fuse(all);threads(1024);reduce(block);row_mode({});vectorize(8)"
+    online = generate(apply_recipe(parse(recipe.format("online")), _softmax(4, 32000)), "cuda").code
+    stream = generate(apply_recipe(parse(recipe.format("stream")), _softmax(4, 32000)), "cuda").code
+    fits = generate(apply_recipe(parse(recipe.format("registers")), _softmax(4, 32000)), "cuda").code
+    body = online.split("tb_kernel0")[1]
+    assert body.count("(const uint4*)((const char*)(b0") == 2 and "k_online(" in body  # 2 passes, not 3
+    assert stream.split("tb_kernel0")[1].count("(const uint4*)((const char*)(b0") == 3
+    assert fits.split("tb_kernel0")[1].count("(const uint4*)((const char*)(b0") == 4  # 4 unrolled chunks, once
+
+
+def test_inline_gather_drops_the_log_probabilities() -> None:
+    program = lower(_cross_entropy(16, 1000))
+    inlined = inline_gathers(program)
+    assert len(inlined.nests) == len(program.nests) - 1
+    assert [n.op for n in inlined.nests] == ["log_softmax", "log_softmax", "nll_loss"]
+    t1 = program.nests[2].statement.write.tensor
+    assert all(a.tensor != t1 for n in inlined.nests for a in n.loads())
+    assert "inline" not in str(default_recipe(lower(_add_layernorm(16, 768)), "cuda"))  # dense readers: not offered
+
+
+@pytest.mark.parametrize("make", [lambda: _softmax(7, 300), lambda: lower(_cross_entropy(5, 999)),
+                                  lambda: lower(_add_layernorm(3, 200))])
+def test_row_kernels_compile_for_every_mode(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
+    program = make()
+    recipes = [f"fuse(all);threads({t});reduce({r});rows_per_block(2);row_mode({m});vectorize({v});unroll(2)"
+               for m in ("registers", "online", "stream") for v in (1, 8) for t, r in
+               ((64, "lanes,4"), (128, "warp"), (1024, "block"), (32, "thread"))]
+    sources = [Source(generate(apply_recipe(parse(r), program), "cuda").code, "cuda") for r in recipes]
+    results = build(sources, cache_dir=tmp_path)
+    assert [(r, b.error[:300]) for r, b in zip(recipes, results, strict=True) if not b.ok] == []
+
+
 def _gpu() -> bool:
     try:
         import cupy
@@ -79,3 +157,25 @@ def test_generated_cuda_validates_on_the_gpu(tmp_path: Path, recipe: str) -> Non
     (result,) = measure(graph, [recipe], tmp_path, backend="cuda")
     assert result.ok, result.error
     assert result.max_rel_err < 1e-2 and 0 < result.median_s < 1e-3
+
+
+ROW_RECIPES = [
+    "fuse(all);threads(256);reduce(block);row_mode(registers);vectorize(8)",
+    "fuse(all);threads(128);reduce(lanes,8);row_mode(registers);vectorize(4)",
+    "fuse(all);threads(1024);reduce(block);row_mode(online);vectorize(8);inline(gather)",
+    "fuse(all);threads(64);reduce(warp);rows_per_block(2);row_mode(stream);vectorize(2);unroll(2)",
+    "fuse(all);threads(32);reduce(thread);row_mode(registers);vectorize(1)",
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs an NVIDIA GPU with CuPy")
+@pytest.mark.parametrize("graph", ["softmax", "cross_entropy", "add_layernorm"])
+def test_row_kernels_validate_on_the_gpu(tmp_path: Path, graph: str) -> None:
+    from tests.transforms.kernels import measure
+
+    g = {"softmax": single("softmax", [("x", (300, 1000), "float16")], (300, 1000), "float16", axis=-1),
+         "cross_entropy": _cross_entropy(64, 4000), "add_layernorm": _add_layernorm(100, 776)}[graph]
+    results = measure(g, [r.replace(";inline(gather)", "") if graph != "cross_entropy" else r for r in ROW_RECIPES],
+                      tmp_path, backend="cuda")
+    assert [(r, x.error[:200]) for r, x in zip(ROW_RECIPES, results, strict=True) if not x.ok] == []

@@ -7,7 +7,8 @@ strided across the lanes (each lane then reduces serially); a member with only r
 flattened reduction space across the lanes and folds the partials with ``__shfl_xor_sync`` (and shared
 memory across warps when L > 32). Members are separated by ``__syncwarp`` / ``__syncthreads``, so later
 members see what earlier ones wrote. Groups without reductions use one thread per row point.
-Half floats travel as raw 16 bits converted with PTX ``cvt``; no CUDA header is needed.
+Half floats travel as raw 16 bits converted with PTX ``cvt``; no CUDA header is needed. With ``row_mode`` set,
+groups of row shape run as row kernels instead (vector accesses, rows in registers: ``cuda_rows``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import replace
 
 from embed.ir import DType
 from embed.loopnest import BufferKind, Dim, LoopNest
+from transforms.codegen.cuda_rows import RowEmitter, plan_rows
 from transforms.codegen.expr import STORAGE_C, Printer, combine, extents, literal, prelude
 from transforms.codegen.kernel import Kernel, compute_dtype
 from transforms.codegen.signature import signature
@@ -34,11 +36,31 @@ __device__ static inline unsigned short k_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
 """
+_ONLINE = """
+__device__ static inline void k_online(T& m, T& s, T m2, T s2) {
+  const T mn = m > m2 ? m : m2;
+  s = (m == mn ? s : s * EXP(m - mn)) + (m2 == mn ? s2 : s2 * EXP(m2 - mn));
+  m = mn;
+}
+"""
 DEFAULT_THREADS = 256
+
+
+class _HookedPrinter(Printer):
+    """A printer whose loads a row emitter may take over (register-held values, vector loads)."""
+
+    rows: RowEmitter | None = None
+
+    def load(self, access, env, extents):  # type: ignore[no-untyped-def]
+        return self.rows.load(access, env, extents) if self.rows else super().load(access, env, extents)
 
 
 def generate_cuda(schedule: Schedule) -> Kernel:
     """The CUDA source of ``schedule`` and one launch per group (see the module docstring)."""
+    if schedule.gemm is not None:  # a contraction under the gemm step: transforms.codegen.cuda_gemm
+        from transforms.codegen.cuda_gemm import generate_gemm
+
+        return generate_gemm(schedule)
     return _CudaGen(schedule).kernel()
 
 
@@ -51,7 +73,7 @@ class _CudaGen:
         self.sig = signature(program, compute)
         self.buffers = {n: replace(b, dtype=compute) if b.kind == BufferKind.TEMP else b
                         for n, b in program.buffers.items()}
-        self.p = Printer(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
+        self.p = _HookedPrinter(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
         self.lines: list[str] = []
         self.fresh = 0
 
@@ -69,7 +91,8 @@ class _CudaGen:
             ctype = self.ctype if arg.kind == "scratch" else STORAGE_C[self.buffers[name].dtype]
             const = "const " if arg.kind == "input" else ""
             params.append(f"{const}{ctype}* __restrict__ {arg.name}")
-        head = [_CUDA_HEAD, prelude(self.ctype, "__device__ static inline")]
+        online = _ONLINE.replace("EXP", "expf" if self.ctype == "float" else "exp").replace("T", self.ctype)
+        head = [_CUDA_HEAD, prelude(self.ctype, "__device__ static inline"), online]
         for name in self.sig.consts:
             b = self.buffers[name]
             values = ", ".join(literal(v, self.ctype) for v in b.value or ())
@@ -89,9 +112,11 @@ class _CudaGen:
         threads = self.s.threads or DEFAULT_THREADS
         if not any(n.reduction or len(n.parallel) > g.depth for n in g.members):
             return 1, threads
-        mode = self.s.reduce if self.s.reduce in ("thread", "warp", "block") else "block"
+        mode = self.s.reduce if self.s.reduce in ("thread", "warp", "block", "lanes") else "block"
         if mode == "thread":
             return 1, threads
+        if mode == "lanes":
+            return self.s.lanes, max(threads, self.s.lanes)
         if mode == "warp":
             return 32, max(threads, 32)
         lanes = max(32, threads // max(self.s.rows_per_block, 1) // 32 * 32)
@@ -100,16 +125,20 @@ class _CudaGen:
     # -- one group = one kernel --------------------------------------------------------------
 
     def group(self, g: Group) -> tuple[int, int]:
-        if self.s.row_depth and len(g.nests) == 1 and g.depth > self.s.row_depth:
-            g = Group(g.nests, self.s.row_depth, g.program)  # inner parallel dims go across the lanes
-        lanes, threads = self.lanes(g)
+        plan = plan_rows(self.s, g, DEFAULT_THREADS)
+        if plan is not None:
+            g, lanes, threads = plan.group, plan.lanes, plan.threads
+        else:
+            if self.s.row_depth and len(g.nests) == 1 and g.depth > self.s.row_depth:
+                g = Group(g.nests, self.s.row_depth, g.program)  # inner parallel dims go across the lanes
+            lanes, threads = self.lanes(g)
         per_block = threads // lanes
         rows = math.prod(g.row_extent(r) for r in g.rows)
         self.line("const idx_t tid = threadIdx.x;")
         self.line(f"const idx_t row = (idx_t)blockIdx.x * {per_block} + tid / {lanes};")
         self.line(f"const int lane = (int)(tid % {lanes});")
         self.line(f"const bool valid = row < {rows};")
-        if lanes > 32:
+        if lanes > 32 and plan is None:
             self.line(f"__shared__ {self.ctype} k_part[{threads // 32}];")
         env: dict[str, str] = {}
         rest = "row"
@@ -122,7 +151,11 @@ class _CudaGen:
             rest = f"({rest} / {extent})"
             env[role] = v
         frame = [d.name for d in g.frame.parallel[: g.depth]]
-        for k, nest in enumerate(g.members):
+        if plan is not None:
+            self.p.rows = RowEmitter(plan, self)
+            self.p.rows.emit(env, frame)
+            self.p.rows = None
+        for k, nest in enumerate(g.members if plan is None else ()):
             own = {d.name: env[frame[i]] for i, d in enumerate(nest.parallel[: g.depth])}
             if k:
                 self.line("__syncthreads();" if lanes > 32 else "__syncwarp();" if lanes > 1 else "")

@@ -1,0 +1,417 @@
+"""CUDA for a contraction (``transforms.contraction``) under a ``gemm`` step: one kernel, epilogue fused.
+
+``mma`` (fp16/bf16 operands, fp32 accumulation): a ``tile_m x tile_n`` block tile split over a grid of warps;
+operand tiles stream into shared memory through ``cp.async`` (16/8/4-byte copies as the strides allow,
+zero-filled past the edges; plain loads for odd strides) in a ``stages``-deep ring, rows padded by 16 bytes
+so that ``ldmatrix`` hits distinct banks; ``mma.sync.m16n8k16`` accumulates in registers. B may hold k or n
+contiguously (``ldmatrix`` / ``ldmatrix.trans``). ``simt`` (fp32/fp64): register-blocked shared-memory
+tiles, the next tile prefetched into registers while the current one is used; every thread computes a
+strided ``rows x cols`` patch (conflict-free shared reads, coalesced stores), summing each k tile apart
+before adding it in (fp32 rounding error then stays within the 1e-4 tolerance at k = 1024). Both rasterise
+blocks in groups of ``swizzle`` tile rows, run batches on grid z, and apply the epilogue nests to each
+accumulator before its predicated store. ``cublas``: a library launch (``Launch.library``) writes the
+product, then one elementwise kernel applies the epilogue. Raw PTX throughout: no CUDA header is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from embed.ir import DType
+from embed.loopnest import Access, BufferKind
+from transforms.codegen.cuda import _CUDA_HEAD
+from transforms.codegen.expr import STORAGE_C, Env, Printer, extents, literal, prelude
+from transforms.codegen.kernel import Kernel, compute_dtype
+from transforms.codegen.signature import signature
+from transforms.contraction import PAD, Contraction, GemmConfig, Operand, match_contraction
+from transforms.run import Launch, Scalar
+from transforms.schedule import Schedule, ScheduleError
+
+MAX_GRID_Z = 65535
+EPILOGUE_THREADS = 256
+#: cuBLAS / CUDA library enums: data types, compute types, the default algorithm.
+_CUDA_TYPE = {DType.FLOAT16: 2, DType.BFLOAT16: 14, DType.FLOAT32: 0, DType.FLOAT64: 1}
+
+_PTX_HELPERS = """
+__device__ static inline unsigned k_smem(const void* p) {
+  unsigned a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a;
+}
+__device__ static inline void k_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ static inline void k_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+__device__ static inline void k_ldm4(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ static inline void k_ldm4t(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ static inline void k_mma(float* d, const unsigned* a, const unsigned* b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.ELEM.ELEM.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+"""
+_CP_ASYNC = """
+__device__ static inline void k_cp{n}(unsigned dst, const void* src, bool ok) {{
+  asm volatile("cp.async.{cache}.shared.global [%0], [%1], {n}, %2;"
+               :: "r"(dst), "l"(src), "r"(ok ? {n} : 0) : "memory");
+}}
+"""
+
+
+def generate_gemm(schedule: Schedule) -> Kernel:
+    """The kernel(s) and launches running ``schedule.gemm`` on the schedule's contraction program."""
+    config = schedule.gemm
+    contraction = match_contraction(schedule.program)
+    if config is None or contraction is None:
+        raise ScheduleError("gemm: the program is not a matmul followed by pointwise nests over its output")
+    if not config.legal(contraction):
+        raise ScheduleError(f"gemm{config.args}: not a legal configuration for this contraction")
+    if math.prod(contraction.batch) > MAX_GRID_Z:
+        raise ScheduleError(f"gemm: {math.prod(contraction.batch)} batches exceed the grid's z limit {MAX_GRID_Z}")
+    return _GemmGen(contraction, config).kernel()
+
+
+@dataclass
+class _EpiloguePrinter(Printer):
+    """A Printer whose loads of buffers computed earlier in the thread read local variables instead."""
+
+    local: dict[str, str] = field(default_factory=dict)
+
+    def load(self, access: Access, env: Env, extents: Mapping[str, int]) -> str:
+        return self.local.get(access.tensor) or super().load(access, env, extents)
+
+
+def _vector(op: Operand, contiguous_extent: int) -> int:
+    """Elements per copy of ``op``'s contiguous rows: the widest of 8, 4, 2 dividing every other stride."""
+    others = [s for s in (op.outer, op.k, *op.batch) if s != 1] + [contiguous_extent]
+    return next((v for v in (8, 4, 2) if all(s % v == 0 for s in others)), 1)
+
+
+class _GemmGen:
+    def __init__(self, c: Contraction, g: GemmConfig) -> None:
+        self.c, self.g = c, g
+        program = c.program
+        compute = compute_dtype(program)
+        self.ctype = "double" if compute == DType.FLOAT64 else "float"
+        self.sig = signature(program, compute)
+        self.buffers = {n: replace(b, dtype=compute) if b.kind == BufferKind.TEMP else b
+                        for n, b in program.buffers.items()}
+        self.helpers: list[str] = []
+        self.lines: list[str] = []
+
+    def name(self, buffer: str) -> str:
+        return self.sig.names[buffer]
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " + text)
+
+    def printer(self) -> _EpiloguePrinter:
+        return _EpiloguePrinter(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
+
+    def kernel(self) -> Kernel:
+        params = []
+        for arg in self.sig.args:
+            name = next(n for n, a in self.sig.names.items() if a == arg.name)
+            ctype = self.ctype if arg.kind == "scratch" else STORAGE_C[self.buffers[name].dtype]
+            params.append(f"{'const ' if arg.kind == 'input' else ''}{ctype}* __restrict__ {arg.name}")
+        head = [_CUDA_HEAD, prelude(self.ctype, "__device__ static inline")]
+        for name in self.sig.consts:
+            b = self.buffers[name]
+            values = ", ".join(literal(v, self.ctype) for v in b.value or ())
+            head.append(f"__device__ const {self.ctype} {self.sig.names[name]}[{b.numel}] = {{{values}}};")
+        launches: list[Launch] = []
+        grid = (self.tiles_m * self.tiles_n, 1, math.prod(self.c.batch))
+        if self.g.path == "mma":
+            self.mma()
+            launches.append(Launch("tb_gemm", self.sig.args, grid, (self.g.threads, 1, 1), self.g.shared_bytes(self.c)))
+        elif self.g.path == "simt":
+            self.simt()
+            launches.append(Launch("tb_gemm", self.sig.args, grid, (self.g.threads, 1, 1)))
+        else:
+            launches.append(self.cublas())
+            if self.elementwise():
+                total = math.prod(self.c.batch) * self.c.m * self.c.n
+                launches.append(Launch("tb_gemm", self.sig.args, (-(-total // EPILOGUE_THREADS), 1, 1),
+                                       (EPILOGUE_THREADS, 1, 1)))
+        body = ""
+        if self.lines:
+            threads = launches[-1].block[0]
+            body = (f'extern "C" __global__ void __launch_bounds__({threads}) tb_gemm({", ".join(params)}) {{\n'
+                    + "\n".join(self.lines) + "\n}\n")
+        return Kernel("cuda", "\n".join(head + self.helpers) + "\n" + body, tuple(launches))
+
+    @property
+    def tiles_m(self) -> int:
+        return -(-self.c.m // self.g.tile_m) if self.g.tile_m else 1
+
+    @property
+    def tiles_n(self) -> int:
+        return -(-self.c.n // self.g.tile_n) if self.g.tile_n else 1
+
+    # -- shared pieces ----------------------------------------------------------------------
+
+    def block_origin(self) -> None:
+        """Bind ``m0``, ``n0`` (grouped rasterisation), the batch digits ``z<i>`` and operand base pointers."""
+        g, c = self.g, self.c
+        width = g.swizzle * self.tiles_n
+        self.line("const int pid = blockIdx.x;")
+        self.line(f"const int first = pid / {width} * {g.swizzle};")
+        self.line(f"const int gsz = min({self.tiles_m} - first, {g.swizzle});")
+        self.line(f"const idx_t m0 = (idx_t)(first + pid % {width} % gsz) * {g.tile_m};")
+        self.line(f"const idx_t n0 = (idx_t)(pid % {width} / gsz) * {g.tile_n};")
+        self.batch_digits("(idx_t)blockIdx.z")
+        for label, op in (("A", c.a), ("B", c.b)):
+            offset = " + ".join(f"z{i} * {s}LL" for i, s in enumerate(op.batch) if s) or "0"
+            ctype = STORAGE_C[self.buffers[op.buffer].dtype]
+            self.line(f"const {ctype}* __restrict__ {label} = {self.name(op.buffer)} + {offset};")
+
+    def batch_digits(self, flat: str) -> None:
+        rest = flat
+        for i, extent in reversed(list(enumerate(self.c.batch))):
+            self.line(f"const idx_t z{i} = {rest} % {extent};")
+            rest = f"({rest} / {extent})"
+
+    def epilogue(self) -> None:
+        """Define ``k_epi(row, col, acc)``: the matmul's epilogue and every later nest for one element."""
+        c = self.c
+        p = self.printer()
+        coords = [f"z{i}" for i in range(len(c.batch))] + ["row", "col"]
+        self.line(f"auto k_epi = [&](idx_t row, idx_t col, {self.ctype} acc) {{")
+        for k, nest in enumerate(c.program.nests):
+            st = nest.statement
+            env = {d.name: coords[i] for i, d in enumerate(nest.parallel)}
+            ext = extents(nest)
+            if k == 0:
+                value = "acc" if st.epilogue is None else p.expr(st.epilogue, env, ext, "acc")
+            else:
+                value = p.expr(st.body, env, ext)
+            self.line(f"  const {self.ctype} v{k} = {value};")
+            if self.buffers[st.write.tensor].kind == BufferKind.OUTPUT:
+                self.line("  " + p.store(st.write, env, ext, f"v{k}"))
+            p.local[st.write.tensor] = f"v{k}"
+        self.line("};")
+
+    def load_as(self, dtype: DType, ref: str) -> str:
+        if dtype == DType.FLOAT16:
+            return f"k_h2f({ref})"
+        if dtype == DType.BFLOAT16:
+            return f"k_bf2f({ref})"
+        return f"({self.ctype})({ref})"
+
+    # -- tensor cores -----------------------------------------------------------------------
+
+    def mma(self) -> None:
+        g, c = self.g, self.c
+        tm, tn, tk, stages = g.tile_m, g.tile_n, g.tile_k, g.stages
+        wm, wn = g.warp_grid()
+        wtm, wtn = tm // wm, tn // wn
+        mi, ni = wtm // 16, wtn // 8
+        lda = tk + PAD
+        b_rows, b_cols = (tn, tk) if c.b_k_major else (tk, tn)
+        ldb = b_cols + PAD
+        a_stage, b_stage = tm * lda, b_rows * ldb
+        self.helpers.append(_PTX_HELPERS.replace("ELEM", "bf16" if c.a.dtype == DType.BFLOAT16 else "f16"))
+        self.line("extern __shared__ __align__(16) unsigned char k_shared[];")
+        self.line("HALF* sa = (HALF*)k_shared;")
+        self.line(f"HALF* sb = sa + {stages * a_stage};")
+        self.line("const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;")
+        self.line(f"const int wm = warp / {wn}, wn = warp % {wn};")
+        self.block_origin()
+        self.line(f"float acc[{mi}][{ni}][4];")
+        self.line(_unrolled(("i", mi), ("j", ni), ("e", 4)) + " acc[i][j][e] = 0.f;")
+        # tile loaders: A rows m / cols k; B rows n / cols k (k-major) or rows k / cols n
+        self.line("auto load = [&](int stage, idx_t k0) {")
+        self.copy_tile("A", "sa", a_stage, lda, tm, tk, ("m0", c.m, c.a.outer), ("k0", c.k), _vector(c.a, c.k))
+        if c.b_k_major:
+            self.copy_tile("B", "sb", b_stage, ldb, tn, tk, ("n0", c.n, c.b.outer), ("k0", c.k), _vector(c.b, c.k))
+        else:
+            self.copy_tile("B", "sb", b_stage, ldb, tk, tn, ("k0", c.k, c.b.k), ("n0", c.n), _vector(c.b, c.n))
+        self.line("};")
+        # per-lane shared-memory byte offsets of the ldmatrix rows
+        self.line("const unsigned sa0 = k_smem(sa), sb0 = k_smem(sb);")
+        self.line(f"const unsigned a_lane = 2 * ((wm * {wtm} + (lane & 15)) * {lda} + (lane >> 4) * 8);")
+        if c.b_k_major:
+            self.line(f"const unsigned b_lane = 2 * ((wn * {wtn} + (lane >> 4) * 8 + (lane & 7)) * {ldb}"
+                      " + ((lane >> 3) & 1) * 8);")
+        else:
+            self.line(f"const unsigned b_lane = 2 * ((((lane >> 3) & 1) * 8 + (lane & 7)) * {ldb}"
+                      f" + wn * {wtn} + (lane >> 4) * 8);")
+        b_step_n, b_step_k = (16 * ldb, 1) if c.b_k_major else (16, ldb)
+        ldm_b = "k_ldm4" if c.b_k_major else "k_ldm4t"
+        kt = -(-c.k // tk)
+        self.line(_unrolled(("s", stages - 1)) + f" {{ if (s < {kt}) load(s, (idx_t)s * {tk}); k_commit(); }}")
+        self.line(f"for (int kt = 0; kt < {kt}; kt++) {{")
+        self.line(f"  k_wait<{stages - 2}>();")
+        self.line("  __syncthreads();")
+        self.line(f"  const int next = kt + {stages - 1};")
+        self.line(f"  if (next < {kt}) load(next % {stages}, (idx_t)next * {tk});")
+        self.line("  k_commit();")
+        self.line(f"  const int stage = kt % {stages};")
+        self.line(f"  const unsigned as = sa0 + stage * {2 * a_stage} + a_lane;")
+        self.line(f"  const unsigned bs = sb0 + stage * {2 * b_stage} + b_lane;")
+        self.line(f"  #pragma unroll\n  for (int kk = 0; kk < {tk}; kk += 16) {{")
+        self.line(f"    unsigned af[{mi}][4], bf[{ni}][2];")
+        self.line("  " + _unrolled(("i", mi)) + f" k_ldm4(af[i], as + 2 * (i * 16 * {lda} + kk));")
+        b_at = f"bs + 2 * (j * {b_step_n} + kk * {b_step_k})"
+        self.line("  " + _unrolled(("j", ni // 2)) + f" {ldm_b}(&bf[2 * j][0], {b_at});")
+        self.line("  " + _unrolled(("i", mi), ("j", ni)) + " k_mma(acc[i][j], af[i], bf[j]);")
+        self.line("  }")
+        self.line("}")
+        self.epilogue()
+        self.line(_unrolled(("i", mi), ("j", ni), ("h", 2)) + " {")
+        self.line(f"  const idx_t row = m0 + wm * {wtm} + i * 16 + (lane >> 2) + h * 8;")
+        self.line(f"  const idx_t col = n0 + wn * {wtn} + j * 8 + (lane & 3) * 2;")
+        self.line(f"  if (row < {c.m}) {{")
+        self.line(f"    if (col < {c.n}) k_epi(row, col, acc[i][j][2 * h]);")
+        self.line(f"    if (col + 1 < {c.n}) k_epi(row, col + 1, acc[i][j][2 * h + 1]);")
+        self.line("  }")
+        self.line("}")
+
+    def copy_tile(self, src: str, dst: str, stage_elems: int, ld: int, rows: int, cols: int,
+                  row: tuple[str, int, int], col: tuple[str, int], vec: int) -> None:
+        """Emit the copy of one ``rows x cols`` tile (cols contiguous in memory) into stage ``stage``."""
+        (r0, r_ext, r_stride), (c0, c_ext) = row, col
+        chunks = rows * cols // vec
+        self.line(f"  #pragma unroll\n  for (int c = threadIdx.x; c < {chunks}; c += {self.g.threads}) {{")
+        self.line(f"    const int r = c / {cols // vec}, q = c % {cols // vec} * {vec};")
+        self.line(f"    const idx_t gr = {r0} + r, gc = {c0} + q;")
+        self.line(f"    const bool ok = gr < {r_ext} && gc < {c_ext};")
+        self.line(f"    const HALF* p = {src} + (ok ? gr * {r_stride}LL + gc : 0);")
+        self.line(f"    HALF* d = {dst} + stage * {stage_elems} + r * {ld} + q;")
+        if vec == 1:
+            self.line("    *d = ok ? *p : (HALF)0;")
+        else:
+            size = 2 * vec
+            helper = _CP_ASYNC.format(n=size, cache="cg" if size == 16 else "ca")
+            if helper not in self.helpers:
+                self.helpers.append(helper)
+            self.line(f"    k_cp{size}(k_smem(d), p, ok);")
+        self.line("  }")
+
+    # -- CUDA cores -------------------------------------------------------------------------
+
+    def simt(self) -> None:
+        g, c, t = self.g, self.c, self.ctype
+        tm, tn, tk, threads = g.tile_m, g.tile_n, g.tile_k, g.threads
+        rows, cols = g.thread_tile()
+        ty_count, tx_count = tm // rows, tn // cols
+        la, lb = tm * tk // threads, tn * tk // threads
+        self.line(f"__shared__ {t} As[{tk}][{tm + 1}];")
+        self.line(f"__shared__ {t} Bs[{tk}][{tn + 1}];")
+        self.line(f"const int tid = threadIdx.x, tx = tid % {tx_count}, ty = tid / {tx_count};")
+        self.block_origin()
+        self.line(f"{t} acc[{rows}][{cols}];")
+        self.line(_unrolled(("i", rows), ("j", cols)) + " acc[i][j] = 0;")
+        self.line(f"{t} ra[{la}], rb[{lb}];")
+        # where each thread's loaded elements go: (global row, global col) and shared slot, per operand
+        a_at = ("r = e / {tk}", "q = e % {tk}")
+        self.line("auto fetch = [&](idx_t k0) {")
+        self.fetch("ra", la, "A", c.a.dtype, a_at, ("m0 + r", c.m, c.a.outer), ("k0 + q", c.k, 1))
+        if c.b_k_major:
+            self.fetch("rb", lb, "B", c.b.dtype, a_at, ("n0 + r", c.n, c.b.outer), ("k0 + q", c.k, 1))
+        else:
+            self.fetch("rb", lb, "B", c.b.dtype, ("r = e / {tn}", "q = e % {tn}"), ("k0 + r", c.k, c.b.k),
+                       ("n0 + q", c.n, 1))
+        self.line("};")
+        self.line("auto stash = [&]() {")
+        self.stash("ra", la, "As[q][r]", ("r = e / {tk}", "q = e % {tk}"))
+        if c.b_k_major:
+            self.stash("rb", lb, "Bs[q][r]", ("r = e / {tk}", "q = e % {tk}"))
+        else:
+            self.stash("rb", lb, "Bs[r][q]", ("r = e / {tn}", "q = e % {tn}"))
+        self.line("};")
+        kt = -(-c.k // tk)
+        self.line("fetch(0); stash(); __syncthreads();")
+        self.line(f"for (int kt = 0; kt < {kt}; kt++) {{")
+        self.line(f"  if (kt + 1 < {kt}) fetch((idx_t)(kt + 1) * {tk});")
+        self.line(f"  {t} part[{rows}][{cols}];  // per-tile partial sums: error grows with k / tile_k, not k")
+        self.line("  " + _unrolled(("i", rows), ("j", cols)) + " part[i][j] = 0;")
+        self.line(f"  #pragma unroll\n  for (int kk = 0; kk < {tk}; kk++) {{")
+        self.line(f"    {t} a[{rows}], b[{cols}];")
+        self.line("  " + _unrolled(("i", rows)) + f" a[i] = As[kk][ty + i * {ty_count}];")
+        self.line("  " + _unrolled(("j", cols)) + f" b[j] = Bs[kk][tx + j * {tx_count}];")
+        self.line("  " + _unrolled(("i", rows), ("j", cols)) + " part[i][j] += a[i] * b[j];")
+        self.line("  }")
+        self.line("  " + _unrolled(("i", rows), ("j", cols)) + " acc[i][j] += part[i][j];")
+        self.line("  __syncthreads();")
+        self.line(f"  if (kt + 1 < {kt}) {{ stash(); __syncthreads(); }}")
+        self.line("}")
+        self.epilogue()
+        self.line(_unrolled(("i", rows), ("j", cols)) + " {")
+        self.line(f"  const idx_t row = m0 + ty + i * {ty_count}, col = n0 + tx + j * {tx_count};")
+        self.line(f"  if (row < {c.m} && col < {c.n}) k_epi(row, col, acc[i][j]);")
+        self.line("}")
+
+    def fetch(self, regs: str, count: int, src: str, dtype: DType, at: tuple[str, str],
+              row: tuple[str, int, int], col: tuple[str, int, int]) -> None:
+        g = self.g
+        fmt = {"tk": g.tile_k, "tn": g.tile_n}
+        self.line(f"  #pragma unroll\n  for (int l = 0; l < {count}; l++) {{")
+        self.line(f"    const int e = threadIdx.x + l * {g.threads}, {at[0].format(**fmt)}, {at[1].format(**fmt)};")
+        self.line(f"    const idx_t gr = {row[0]}, gc = {col[0]};")
+        ref = f"{src}[gr * {row[2]}LL + gc * {col[2]}LL]"
+        self.line(f"    {regs}[l] = (gr < {row[1]} && gc < {col[1]}) ? {self.load_as(dtype, ref)} : ({self.ctype})0;")
+        self.line("  }")
+
+    def stash(self, regs: str, count: int, slot: str, at: tuple[str, str]) -> None:
+        fmt = {"tk": self.g.tile_k, "tn": self.g.tile_n}
+        self.line(f"  #pragma unroll\n  for (int l = 0; l < {count}; l++) {{")
+        self.line(f"    const int e = threadIdx.x + l * {self.g.threads};")
+        self.line(f"    const int {at[0].format(**fmt)}, {at[1].format(**fmt)};")
+        self.line(f"    {slot} = {regs}[l];")
+        self.line("  }")
+
+    # -- vendor -----------------------------------------------------------------------------
+
+    def cublas(self) -> Launch:
+        """The cuBLAS launch writing the matmul's result (row-major C = A B as column-major C^T = B^T A^T)."""
+        c = self.c
+        out = c.matmul.statement.write.tensor
+        arg = {a.name: a for a in self.sig.args}
+        scalars = {
+            "trans_b": int(c.b_k_major), "m": c.n, "n": c.m, "k": c.k,
+            "lda": c.b.outer if c.b_k_major else c.b.k, "ldb": c.a.outer, "ldc": c.n,
+            "stride_a": _flat_stride(c.b, c.batch), "stride_b": _flat_stride(c.a, c.batch), "stride_c": c.m * c.n,
+            "batch": math.prod(c.batch), "type_a": _CUDA_TYPE[c.b.dtype], "type_b": _CUDA_TYPE[c.a.dtype],
+            "type_c": _CUDA_TYPE[self.buffers[out].dtype], "compute": 70 if self.ctype == "double" else 68,
+        }
+        buffers = (arg[self.name(c.b.buffer)], arg[self.name(c.a.buffer)], arg[self.name(out)])
+        return Launch("cublas_gemm", (*buffers, *(Scalar(k, v, "int64") for k, v in scalars.items())),
+                      library="cublas_gemm")
+
+    def elementwise(self) -> bool:
+        """Emit the epilogue kernel of the cublas path (one thread per element); False when nothing is left."""
+        c = self.c
+        mm = c.matmul.statement
+        if mm.epilogue is None and not c.epilogue:
+            return False
+        self.line(f"const idx_t e = (idx_t)blockIdx.x * {EPILOGUE_THREADS} + threadIdx.x;")
+        self.line(f"if (e >= {math.prod(c.batch) * c.m * c.n}) return;")
+        self.line(f"const idx_t col = e % {c.n}, row = e / {c.n} % {c.m};")
+        self.batch_digits(f"(e / {c.m * c.n})")
+        self.epilogue()
+        written = self.buffers[mm.write.tensor]
+        self.line(f"k_epi(row, col, {self.load_as(written.dtype, f'{self.name(mm.write.tensor)}[e]')});")
+        return True
+
+
+def _unrolled(*loops: tuple[str, int]) -> str:
+    """Headers of nested fully unrolled loops ``for (int v = 0; v < n; v++)``, one per ``(v, n)``."""
+    return " ".join(f"\n  #pragma unroll\n  for (int {v} = 0; {v} < {n}; {v}++)" for v, n in loops).lstrip("\n ")
+
+
+def _flat_stride(op: Operand, batch: tuple[int, ...]) -> int:
+    """The one element stride between consecutive flattened batches of ``op`` (ScheduleError when none)."""
+    if not batch:
+        return 0
+    for i in range(len(batch) - 1):
+        if op.batch[i] != op.batch[i + 1] * batch[i + 1]:
+            raise ScheduleError("gemm(cublas): the batch dims of an operand do not flatten to one stride")
+    return op.batch[-1]
+

@@ -1,0 +1,483 @@
+"""Row kernels for the cuda generator (``row_mode`` step): memory-bound row groups at one read per byte.
+
+A group qualifies when every member walks one *inner* dim of the same extent ``N`` per row: a reduction
+member over exactly one reduction dim (softmax max / sum, layernorm mean / var), or a pointwise member with
+exactly one parallel dim past the rows (normalize, bias, activation). An all-pointwise group gives up its
+innermost row dim for this. Each row gets ``L`` lanes; a lane owns ``V`` consecutive elements per chunk of
+``L * V``, so every inner-dim access is a run of ``V`` elements, read or written as 16-byte (or narrower)
+words when contiguous and aligned (checked on the index expressions; scalar accesses otherwise).
+
+Modes: ``registers`` unrolls the chunks and keeps every value it loads or computes per lane in registers,
+so each member reuses what earlier members read (each input byte is read once) and temporaries that never
+leave the group are never stored; when a lane would hold more than :data:`MAX_REGISTER_ELEMS` elements it
+falls back to ``online``; with ``reduce(block)`` it takes the fewest lanes (4 to 1024) that hold the row,
+whatever ``threads`` says. ``online`` streams the row per member, but a max reduction followed by a sum of
+``exp(x - max)`` over the same values runs as one pass with rescaling. ``stream`` streams every member.
+Per-row scalars (reduction results) live in registers in every mode; lanes combine with sub-warp or warp
+shuffles and, for ``L > 32``, shared memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from embed.ir import DType
+from embed.loopnest import Access, Affine, BufferKind, Call, Combiner, Load, LoopNest
+from transforms.codegen.expr import Printer, combine, extents, literal
+from transforms.schedule import Group, Schedule
+
+MODES = ("registers", "online", "stream")
+MAX_REGISTER_ELEMS = 32
+_VECTOR_DTYPES = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2}
+_PIECES = {16: ("uint4", "xyzw"), 8: ("uint2", "xy"), 4: ("unsigned int", "")}
+INNER = "@inner"
+
+
+@dataclass
+class RowPlan:
+    """How one group runs as a row kernel."""
+
+    group: Group
+    n: int  # inner extent
+    lanes: int
+    per_block: int
+    vector: int
+    chunks: int
+    registers: bool
+    online: frozenset[int]  # member k starts an online (max, sum-exp) pair with member k + 1
+    kept: frozenset[str]  # buffers whose values stay in registers inside the group
+
+    @property
+    def threads(self) -> int:
+        return self.lanes * self.per_block
+
+
+def row_group(g: Group) -> Group | None:
+    """``g`` in row form (one inner dim per member, equal extents), or None when it does not qualify."""
+    members = g.members
+    if all(m.statement.combiner is None for m in members) and g.depth >= 2 and \
+            all(len(m.parallel) == g.depth for m in members):
+        g = Group(g.nests, g.depth - 1, g.program)
+    if g.depth == 0:
+        return None
+    sizes = set()
+    for m in g.members:
+        if any(d.ragged is not None for d in m.dims):
+            return None
+        if m.statement.combiner is not None:
+            if len(m.parallel) != g.depth or len(m.reduction) != 1:
+                return None
+        elif m.reduction or len(m.parallel) != g.depth + 1:
+            return None
+        sizes.add(_inner(m, g.depth))
+    return g if len(sizes) == 1 else None
+
+
+def _inner(m: LoopNest, depth: int) -> int:
+    return (m.reduction[0] if m.statement.combiner is not None else m.parallel[depth]).extent
+
+
+def _inner_name(m: LoopNest, depth: int) -> str:
+    return (m.reduction[0] if m.statement.combiner is not None else m.parallel[depth]).name
+
+
+def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | None:
+    """The row plan of group ``g`` under ``schedule``'s knobs, or None (the generic path then runs it)."""
+    if schedule.row_mode not in MODES:
+        return None
+    rg = row_group(g)
+    if rg is None:
+        return None
+    n = _inner(rg.members[0], rg.depth)
+    v = max(schedule.vector, 1)
+    while n % v:
+        v //= 2
+    threads = schedule.threads or default_threads
+    vectors = -(-n // v)
+    reduces = any(m.statement.combiner is not None for m in rg.members)
+    if not reduces:  # whole warps: a power of two up to 32, else a multiple of 32
+        lanes = min(threads, vectors)
+        lanes = 1 << (lanes - 1).bit_length() if lanes <= 32 else -(-lanes // 32) * 32
+    elif schedule.row_mode == "registers" and schedule.reduce not in ("thread", "warp", "lanes"):
+        # block mode holding rows: the fewest lanes that hold the row (more rows, more loads in flight per SM)
+        lanes = min(max(4, 1 << (-(-n // MAX_REGISTER_ELEMS) - 1).bit_length()), 1024, 1 << (vectors - 1).bit_length())
+        threads = max(threads, lanes)
+    else:
+        mode = schedule.reduce
+        lanes = {"thread": 1, "warp": 32, "lanes": schedule.lanes}.get(
+            mode, max(32, threads // max(schedule.rows_per_block, 1) // 32 * 32))
+        lanes = min(lanes, 1 << (vectors - 1).bit_length())
+    per_block = max(1, threads // lanes)
+    chunks = -(-n // (lanes * v))
+    registers = schedule.row_mode == "registers" and chunks * v <= MAX_REGISTER_ELEMS
+    online = frozenset() if registers or schedule.row_mode == "stream" else _online_pairs(rg.members)
+    return RowPlan(rg, n, lanes, per_block, v, chunks, registers, online, _kept(rg, registers))
+
+
+def _online_pairs(members: tuple[LoopNest, ...]) -> frozenset[int]:
+    """Members k where k is ``m = max(x)`` and k + 1 is ``sum(exp(x - m))`` over the same x."""
+    out = set()
+    for k in range(len(members) - 1):
+        a, b = members[k].statement, members[k + 1].statement
+        if a.combiner != Combiner.MAX or b.combiner != Combiner.SUM or a.epilogue is not None or k - 1 in out:
+            continue
+        want = Call("exp", (Call("sub", (a.body, Load(a.write))),))
+        if b.body == want and members[k].dims == members[k + 1].dims:
+            out.add(k)
+    return frozenset(out)
+
+
+def _kept(g: Group, registers: bool) -> frozenset[str]:
+    """Buffers written in the group whose every in-group read hits the written element of the same lane:
+    per-row scalars always, row-long values in ``registers`` mode."""
+    program = g.program
+    kept = set()
+    for k, m in enumerate(g.members):
+        write = m.statement.write
+        if len([n for n in program.nests if n.statement.write.tensor == write.tensor]) != 1:
+            continue
+        scalar = m.statement.combiner is not None
+        if not scalar and not registers:
+            continue
+        target = _canonical(write, m, g.depth)
+        reads = [(a, r) for r in g.members[k + 1:] for a in r.loads() if a.tensor == write.tensor]
+        if reads and all(a.fill is None and _canonical(a, r, g.depth) == target for a, r in reads):
+            kept.add(write.tensor)
+    return frozenset(kept)
+
+
+def _canonical(access: Access, m: LoopNest, depth: int) -> tuple[Affine, ...]:
+    names = {d.name: f"@row{k}" for k, d in enumerate(m.parallel[:depth])} | {_inner_name(m, depth): INNER}
+    return access.rename(names).index
+
+
+def _local(g: Group, tensor: str) -> bool:
+    """Whether ``tensor`` is a temporary that no nest outside the group reads."""
+    if g.program.buffers[tensor].kind != BufferKind.TEMP:
+        return False
+    inside = set(g.nests)
+    return not any(a.tensor == tensor for i, n in enumerate(g.program.nests) if i not in inside for a in n.loads())
+
+
+def linear(access: Access, shape: tuple[int, ...]) -> Affine:
+    """The row-major element offset of ``access`` as one affine expression."""
+    total, stride = Affine(), 1
+    for e, size in reversed(list(zip(access.index, shape, strict=True))):
+        total = total + e * stride
+        stride *= size
+    return total
+
+
+def vectorizable(access: Access, shape: tuple[int, ...], dtype: DType, dim: str, width: int) -> bool:
+    """Whether ``width`` consecutive values of ``dim`` (starting at a multiple of ``width``) are one aligned,
+    contiguous run of ``access``'s tensor that 4-, 8- or 16-byte words can carry."""
+    size = _VECTOR_DTYPES.get(dtype)
+    if size is None or access.fill is not None or width * size < 4 or width < 2:
+        return False
+    offset = linear(access, shape)
+    if offset.const % width:
+        return False
+    unit = False
+    for atom, coef in offset.terms:
+        if atom == dim:
+            unit = coef == 1
+        elif dim in Affine.of(atom).dims() or coef % width:
+            return False
+    return unit
+
+
+@dataclass
+class RowEmitter:
+    """Emits one row kernel's body through the generator's ``line`` / ``var`` and printer (see module doc)."""
+
+    plan: RowPlan
+    gen: object  # transforms.codegen.cuda._CudaGen (kept untyped: the two modules call each other)
+    p: Printer = field(init=False)
+    scopes: list[dict[tuple[str, str], str]] = field(default_factory=lambda: [{}])
+    pending: list[str] = field(default_factory=list)
+    slot: int = 0
+    kc: str = ""
+    guard: str = ""
+    inner: str = ""
+
+    def __post_init__(self) -> None:
+        self.p = self.gen.p  # type: ignore[attr-defined]
+        self.ctype: str = self.gen.ctype  # type: ignore[attr-defined]
+        self.buffers = self.gen.buffers  # type: ignore[attr-defined]
+
+    def line(self, text: str) -> None:
+        self.gen.line(text)  # type: ignore[attr-defined]
+
+    def var(self, prefix: str) -> str:
+        return self.gen.var(prefix)  # type: ignore[attr-defined,no-any-return]
+
+    # -- the body ------------------------------------------------------------------------------
+
+    def emit(self, env: dict[str, str], frame: list[str]) -> None:
+        plan, g = self.plan, self.plan.group
+        if plan.lanes > 32:
+            self.line(f"__shared__ {self.ctype} k_part[{2 * plan.threads // 32}];")
+        if plan.registers:
+            for c in range(plan.chunks):
+                self.line(f"const idx_t kc{c} = {c * plan.lanes * plan.vector} + (idx_t)lane * {plan.vector};")
+        written: set[str] = set()
+        skip = False
+        for k, nest in enumerate(g.members):
+            if skip:
+                skip = False
+                continue
+            reads = {a.tensor for a in nest.loads()} | ({a.tensor for a in g.members[k + 1].loads()}
+                                                       if k in plan.online else set())
+            if reads & written:
+                self.line("__syncthreads();" if plan.lanes > 32 else "__syncwarp();" if plan.lanes > 1 else "")
+                written.clear()
+            own = {d.name: env[frame[i]] for i, d in enumerate(nest.parallel[: g.depth])}
+            self.inner = _inner_name(nest, g.depth)
+            if k in plan.online:
+                self.online(nest, g.members[k + 1], own)
+                skip = True
+                for m in (nest, g.members[k + 1]):
+                    written |= self.result_written(m)
+            elif nest.statement.combiner is not None:
+                self.reduction(nest, own)
+                written |= self.result_written(nest)
+            else:
+                self.pointwise(nest, own)
+                if nest.statement.write.tensor not in plan.kept:
+                    written.add(nest.statement.write.tensor)
+
+    def result_written(self, nest: LoopNest) -> set[str]:
+        t = nest.statement.write.tensor
+        return set() if t in self.plan.kept else {t}
+
+    def chunks(self, body: object) -> None:
+        """Run ``body()`` once per chunk with ``self.kc`` / ``self.guard`` set (unrolled in registers mode)."""
+        plan = self.plan
+        step = plan.lanes * plan.vector
+        if plan.registers:
+            for c in range(plan.chunks):
+                self.kc = f"kc{c}"
+                self.guard = "" if (c + 1) * step <= plan.n else f"kc{c} < {plan.n}"
+                body()  # type: ignore[operator]
+            self.guard = ""
+            return
+        c = self.var("c")
+        self.kc = self.var("kc")
+        if self.gen.s.unroll > 1:  # type: ignore[attr-defined]
+            self.line(f"#pragma unroll {self.gen.s.unroll}")  # type: ignore[attr-defined]
+        self.line(f"for (int {c} = 0; {c} < {plan.chunks}; {c}++) {{")
+        self.line(f"  const idx_t {self.kc} = (idx_t){c} * {step} + (idx_t)lane * {plan.vector};")
+        if plan.n % step:
+            self.line(f"  if ({self.kc} < {plan.n}) {{")
+        self.scopes.append({})
+        body()  # type: ignore[operator]
+        self.scopes.pop()
+        self.line("}}" if plan.n % step else "}")
+
+    def values(self, expr: object, env: dict[str, str], ext: dict[str, int], acc: str | None = None) -> list[str]:
+        """The ``V`` per-slot texts of ``expr`` at the current chunk; loads go to ``pending``."""
+        env = {**env, self.inner: self.kc}
+        out = []
+        for j in range(self.plan.vector):
+            self.slot = j
+            out.append(self.p.expr(expr, env, ext, acc))  # type: ignore[arg-type]
+        return out
+
+    def flush(self) -> None:
+        for text in self.pending:
+            self.line(text)
+        self.pending = []
+
+    def guarded(self, text: str, *extra: str) -> None:
+        conds = [c for c in (self.guard, *extra) if c]
+        self.line(f"if ({' && '.join(conds)}) {{ {text} }}" if conds else text)
+
+    # -- members -------------------------------------------------------------------------------
+
+    def pointwise(self, nest: LoopNest, env: dict[str, str]) -> None:
+        st, ext = nest.statement, extents(nest)
+
+        def body() -> None:
+            vals = self.values(st.body, env, ext)
+            self.flush()
+            names = []
+            for v in vals:
+                name = self.var("o")
+                self.line(f"const {self.ctype} {name} = {v};")
+                names.append(name)
+            self.store(st.write, {**env, self.inner: self.kc}, ext, names)
+
+        self.chunks(body)
+
+    def store(self, write: Access, env: dict[str, str], ext: dict[str, int], names: list[str]) -> None:
+        plan, buf = self.plan, self.buffers[write.tensor]
+        if write.tensor in plan.kept:
+            arr = self.var("t")
+            self.line(f"{self.ctype} {arr}[{plan.vector}] = {{{', '.join(names)}}};")
+            self.scopes[-1][(write.tensor, self.p.offset(write.tensor, write.index, env, ext))] = arr
+            if _local(plan.group, write.tensor):
+                return
+        if vectorizable(write, buf.shape, buf.dtype, self.inner, plan.vector):
+            ptr = f"{self.p.names[write.tensor]} + {self.p.offset(write.tensor, write.index, env, ext)}"
+            words = [self.pack(buf.dtype, names, w) for w in range(len(names) * _VECTOR_DTYPES[buf.dtype] // 4)]
+            for text in store_words(ptr, words):
+                self.guarded(text, "valid")
+            return
+        for j, name in enumerate(names):
+            at = {**env, self.inner: f"({self.kc} + {j})"}
+            self.guarded(self.p.store(write, at, ext, name), "valid")
+
+    def reduction(self, nest: LoopNest, env: dict[str, str]) -> None:
+        st, ext = nest.statement, extents(nest)
+        assert st.combiner is not None
+        acc = self.var("acc")
+        self.line(f"{self.ctype} {acc} = {literal(st.combiner.identity, self.ctype)};")
+
+        def body() -> None:
+            vals = self.values(st.body, env, ext)
+            self.flush()
+            self.guarded(" ".join(combine(st.combiner.value, acc, v) for v in vals))  # type: ignore[union-attr]
+
+        self.chunks(body)
+        self.fold([acc], lambda a, b: combine(st.combiner.value, a[0], b[0]))  # type: ignore[union-attr]
+        self.result(nest, env, acc)
+
+    def online(self, first: LoopNest, second: LoopNest, env: dict[str, str]) -> None:
+        ext = extents(first)
+        m, s = self.var("m"), self.var("s")
+        self.line(f"{self.ctype} {m} = {literal(-math.inf, self.ctype)}, {s} = {literal(0.0, self.ctype)};")
+
+        def body() -> None:
+            vals = self.values(first.statement.body, env, ext)
+            self.flush()
+            xs = []
+            for v in vals:
+                x = self.var("x")
+                self.line(f"const {self.ctype} {x} = {v};")
+                xs.append(x)
+            cm, cs = self.var("cm"), self.var("cs")
+            chunk_max = xs[0]
+            for x in xs[1:]:
+                chunk_max = f"k_max({chunk_max}, {x})"
+            exp = "expf" if self.ctype == "float" else "exp"
+            total = " + ".join(f"{exp}({x} - {cm})" for x in xs)
+            self.guarded(f"const {self.ctype} {cm} = {chunk_max}; const {self.ctype} {cs} = {total}; "
+                         f"k_online({m}, {s}, {cm}, {cs});")
+
+        self.chunks(body)
+        self.fold([m, s], lambda a, b: f"k_online({a[0]}, {a[1]}, {b[0]}, {b[1]});")
+        self.result(first, env, m)
+        self.result(second, env, s)
+
+    def fold(self, accs: list[str], merge: object) -> None:
+        """Combine the per-lane ``accs`` across the row's lanes; every lane ends with the row's values."""
+        lanes = self.plan.lanes
+        for offset in (16, 8, 4, 2, 1):
+            if offset < min(lanes, 32):
+                others = [f"__shfl_xor_sync(0xffffffffu, {a}, {offset})" for a in accs]
+                tmp = [self.var("y") for _ in accs]
+                decl = " ".join(f"const {self.ctype} {t} = {o};" for t, o in zip(tmp, others, strict=True))
+                self.line(f"{{ {decl} {merge(accs, tmp)} }}")  # type: ignore[operator]
+        if lanes <= 32:
+            return
+        warps, per = self.plan.threads // 32, lanes // 32
+        self.line("if (tid % 32 == 0) { " + " ".join(
+            f"k_part[{i * warps} + tid / 32] = {a};" for i, a in enumerate(accs)) + " }")
+        self.line("__syncthreads();")
+        first = f"(tid / {lanes}) * {per}"
+        self.line(" ".join(f"{a} = k_part[{i * warps} + {first}];" for i, a in enumerate(accs)))
+        parts = [f"k_part[{i * warps} + {first} + w]" for i in range(len(accs))]
+        self.line(f"for (int w = 1; w < {per}; w++) {{ {merge(accs, parts)} }}")  # type: ignore[operator]
+        self.line("__syncthreads();")
+
+    def result(self, nest: LoopNest, env: dict[str, str], acc: str) -> None:
+        """Apply the epilogue in every lane; keep the value in a register and store it where it is needed."""
+        st, ext = nest.statement, extents(nest)
+        value = acc if st.epilogue is None else self.p.expr(st.epilogue, env, ext, acc)
+        self.flush()
+        name = self.var("r")
+        self.line(f"const {self.ctype} {name} = {value};")
+        write = st.write
+        if write.tensor in self.plan.kept:
+            self.scopes[-1][(write.tensor, self.p.offset(write.tensor, write.index, env, ext))] = name
+            if _local(self.plan.group, write.tensor):
+                return
+        self.line(f"if (valid && lane == 0) {{ {self.p.store(write, env, ext, name)} }}")
+
+    # -- loads (called by the printer) ---------------------------------------------------------
+
+    def load(self, access: Access, env: dict[str, str], ext: dict[str, int]) -> str:
+        key = (access.tensor, self.p.offset(access.tensor, access.index, env, ext))
+        if access.fill is None:
+            for scope in reversed(self.scopes):
+                if key in scope:
+                    name = scope[key]
+                    return f"{name}[{self.slot}]" if self.inner in access.dims() else name
+        if self.inner not in access.dims():
+            name = self.var("s")
+            self.pending.append(f"const {self.ctype} {name} = {Printer.load(self.p, access, env, ext)};")
+            self.scopes[-1][key] = name
+            return name
+        plan, buf = self.plan, self.buffers[access.tensor]
+        name = self.var("v")
+        self.pending.append(f"{self.ctype} {name}[{plan.vector}];")
+        loads = []
+        if vectorizable(access, buf.shape, buf.dtype, self.inner, plan.vector):
+            ptr = f"{self.p.names[access.tensor]} + {key[1]}"
+            loads, words = load_words(ptr, plan.vector * _VECTOR_DTYPES[buf.dtype] // 4, f"{name}w")
+            loads += [f"{name}[{j}] = {self.unpack(buf.dtype, words, j)};" for j in range(plan.vector)]
+        else:
+            for j in range(plan.vector):
+                at = {**env, self.inner: f"({self.kc} + {j})"}
+                loads.append(f"{name}[{j}] = {Printer.load(self.p, access, at, ext)};")
+        body = " ".join(loads)
+        self.pending.append(f"if ({self.guard}) {{ {body} }}" if self.guard else f"{{ {body} }}")
+        if access.fill is None:
+            self.scopes[-1][key] = name
+        return f"{name}[{self.slot}]"
+
+    # -- words ---------------------------------------------------------------------------------
+
+    def pack(self, dtype: DType, names: list[str], w: int) -> str:
+        """32-bit word ``w`` of the values ``names`` stored as ``dtype``."""
+        if dtype == DType.FLOAT32:
+            return f"__float_as_uint({names[w]})"
+        conv = "k_f2h" if dtype == DType.FLOAT16 else "k_f2bf"
+        lo, hi = (f"(unsigned int){conv}((float)({names[2 * w + i]}))" for i in range(2))
+        return f"({lo} | ({hi} << 16))"
+
+    def unpack(self, dtype: DType, words: list[str], j: int) -> str:
+        """Element ``j`` of the loaded 32-bit ``words`` as the compute type."""
+        if dtype == DType.FLOAT32:
+            return f"(({self.ctype})__uint_as_float({words[j]}))"
+        conv = "k_h2f" if dtype == DType.FLOAT16 else "k_bf2f"
+        return f"(({self.ctype}){conv}((unsigned short)({words[j // 2]} >> {16 * (j % 2)})))"
+
+
+def _piece(nwords: int) -> tuple[str, str, int]:
+    """(type, fields, words) of the widest word group (<= 16 bytes) dividing ``nwords``."""
+    per = 4 if nwords % 4 == 0 else 2 if nwords % 2 == 0 else 1
+    ctype, fields = _PIECES[4 * per]
+    return ctype, fields, per
+
+
+def load_words(ptr: str, nwords: int, name: str) -> tuple[list[str], list[str]]:
+    """Statements loading ``nwords`` 32-bit words at ``ptr`` (aligned) into ``name<i>``, and the word expressions."""
+    ctype, fields, per = _piece(nwords)
+    lines, words = [], []
+    for i in range(0, nwords, per):
+        piece = f"{name}_{i // per}"
+        lines.append(f"const {ctype} {piece} = *(const {ctype}*)((const char*)({ptr}) + {4 * i});")
+        words += [f"{piece}.{f}" for f in fields] if fields else [piece]
+    return lines, words
+
+
+def store_words(ptr: str, words: list[str]) -> list[str]:
+    """Statements storing the 32-bit ``words`` at ``ptr`` (aligned)."""
+    ctype, _, per = _piece(len(words))
+    out = []
+    for i in range(0, len(words), per):
+        value = words[i] if per == 1 else f"make_{ctype}({', '.join(words[i: i + per])})"
+        out.append(f"*({ctype}*)((char*)({ptr}) + {4 * i}) = {value};")
+    return out

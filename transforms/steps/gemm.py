@@ -1,0 +1,38 @@
+"""``gemm(path[,tile_m,tile_n,tile_k,warps,stages,swizzle])`` (cuda): run a contraction (a matmul with a pointwise
+epilogue, ``transforms.contraction``) as one GEMM kernel with the epilogue fused: ``mma`` (tensor cores,
+fp16/bf16), ``simt`` (CUDA cores, fp32/fp64) or ``cublas`` (vendor GEMM, then an epilogue kernel).
+See :class:`~transforms.contraction.GemmConfig` for the parameters."""
+
+from embed.loopnest import LoopProgram
+from transforms.contraction import PATHS, GemmConfig, gemm_configs, match_contraction
+from transforms.recipe import Step
+from transforms.schedule import Schedule, ScheduleError
+from transforms.transformation import Transformation, expect_ident, expect_int
+
+
+class Gemm(Transformation):
+    name = "gemm"
+
+    def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:
+        contraction = match_contraction(program) if backend == "cuda" else None
+        if contraction is None:
+            return []
+        return [[Step("gemm", config.args) for config in gemm_configs(contraction)]]
+
+    def apply(self, schedule: Schedule, step: Step) -> Schedule:
+        path = expect_ident(step, 0, PATHS)
+        if path == "cublas":
+            if len(step.args) > 1:
+                raise ScheduleError(f"step {step}: gemm(cublas) takes no other argument")
+            return schedule.set(gemm=GemmConfig(path))
+        if len(step.args) != 7:
+            raise ScheduleError(f"step {step}: gemm({path}) takes tile_m, tile_n, tile_k, warps, stages, swizzle")
+        tm, tn, tk, warps, stages, swizzle = (expect_int(step, i) for i in range(1, 7))
+        config = GemmConfig(path, tm, tn, tk, warps, stages, swizzle)
+        contraction = match_contraction(schedule.program)
+        if contraction is None or not config.legal(contraction):
+            raise ScheduleError(f"step {step}: not a legal gemm configuration for this program")
+        return schedule.set(gemm=config)
+
+
+STEP = Gemm()
