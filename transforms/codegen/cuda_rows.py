@@ -10,8 +10,9 @@ words when contiguous and aligned (checked on the index expressions; scalar acce
 Modes: ``registers`` unrolls the chunks and keeps every value it loads or computes per lane in registers,
 so each member reuses what earlier members read (each input byte is read once) and temporaries that never
 leave the group are never stored; when a lane would hold more than :data:`MAX_REGISTER_ELEMS` elements it
-falls back to ``online``; with ``reduce(block)`` it takes the fewest lanes (4 to 1024) that hold the row,
-whatever ``threads`` says. ``online`` streams the row per member, but a max reduction followed by a sum of
+falls back to ``online``; with ``reduce(block)`` it takes the fewest lanes (at least 4) that hold the row
+when the block's lanes suffice (measured: 1024 lanes holding a 32000-wide row lose to 256 streaming online).
+``online`` streams the row per member, but a max reduction followed by a sum of
 ``exp(x - max)`` over the same values runs as one pass with rescaling. ``stream`` streams every member.
 Per-row scalars (reduction results) live in registers in every mode; lanes combine with sub-warp or warp
 shuffles and, for ``L > 32``, shared memory.
@@ -100,9 +101,11 @@ def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | N
         lanes = min(threads, vectors)
         lanes = 1 << (lanes - 1).bit_length() if lanes <= 32 else -(-lanes // 32) * 32
     elif schedule.row_mode == "registers" and schedule.reduce not in ("thread", "warp", "lanes"):
-        # block mode holding rows: the fewest lanes that hold the row (more rows, more loads in flight per SM)
-        lanes = min(max(4, 1 << (-(-n // MAX_REGISTER_ELEMS) - 1).bit_length()), 1024, 1 << (vectors - 1).bit_length())
-        threads = max(threads, lanes)
+        # block mode holding rows: the fewest lanes (at least 4) that hold the row, when the block's lanes can
+        # (more rows per SM, more loads in flight); else the block's lanes, streaming online
+        fit = max(4, 1 << (-(-n // MAX_REGISTER_ELEMS) - 1).bit_length())
+        lanes = max(32, threads // max(schedule.rows_per_block, 1) // 32 * 32)
+        lanes = min(fit if fit <= lanes else lanes, 1 << (vectors - 1).bit_length())
     else:
         mode = schedule.reduce
         lanes = {"thread": 1, "warp": 32, "lanes": schedule.lanes}.get(
