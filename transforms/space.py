@@ -32,7 +32,7 @@ class RecipeSpace:
     def __init__(self, program: LoopProgram, backend: str = "cpu") -> None:
         self.program = program
         self.backend = backend
-        dims = [g for name in transformations.names() for g in lookup(name).choices(program, backend)]
+        dims = [g for choices in _applicable(program, backend).values() for g in choices]
         self._product = ProductSpace(dims or [[Step("fuse", ("none",))]])
 
     @property
@@ -63,12 +63,24 @@ class RecipeSpace:
         return self._product.crossover(self.legal(a), self.legal(b), rng)
 
 
+def _applicable(program: LoopProgram, backend: str) -> dict[str, list[list[Step]]]:
+    """Transformation name -> its choice groups, for those that apply; only the exclusive ones if any applies."""
+    groups = {name: lookup(name).choices(program, backend) for name in transformations.names()}
+    groups = {name: choices for name, choices in groups.items() if choices}
+    exclusive = {name: choices for name, choices in groups.items() if lookup(name).exclusive}
+    return exclusive or groups
+
+
 def default_recipe(program: LoopProgram, backend: str = "cpu") -> Recipe:
-    """The recipe tuning starts from: :data:`DEFAULTS` adapted, then the first choice of every other dimension."""
-    chosen = list(adapt(Recipe(DEFAULTS[backend]), program, backend)[0])
+    """The recipe tuning starts from: :data:`DEFAULTS` adapted, then the first choice of every other dimension.
+
+    Where an exclusive transformation applies (see ``Transformation.exclusive``), only its first choices."""
+    applicable = _applicable(program, backend)
+    exclusive = any(lookup(name).exclusive for name in applicable)
+    chosen = [] if exclusive else list(adapt(Recipe(DEFAULTS[backend]), program, backend)[0])
     names = {s.name for s in chosen}
-    for name in transformations.names():
-        for options in lookup(name).choices(program, backend):
+    for name, groups in applicable.items():
+        for options in groups:
             if not any(s in options for s in chosen) and name not in names:
                 chosen.append(options[0])
     return Recipe(tuple(chosen))

@@ -26,6 +26,9 @@ class Transformation(ABC):
     """One family of recipe steps (see the module docstring)."""
 
     name: ClassVar[str]
+    #: When True and the transformation applies, it alone decides the generated code: the search space is
+    #: then its choices only (e.g. ``gemm``, whose kernel ignores every other knob).
+    exclusive: ClassVar[bool] = False
 
     @abstractmethod
     def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:

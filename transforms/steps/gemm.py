@@ -12,6 +12,7 @@ from transforms.transformation import Transformation, expect_ident, expect_int
 
 class Gemm(Transformation):
     name = "gemm"
+    exclusive = True
 
     def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:
         contraction = match_contraction(program) if backend == "cuda" else None
