@@ -1,10 +1,11 @@
 """GPU benchmark of the transforms tuner: eager PyTorch, default recipe, tuned best and the bound per family.
 
-    python bench/gpu_transforms.py --out DIR [--budget 24] [--quick]
+    python bench/gpu_transforms.py --out DIR [--budget 24] [--exhaustive-up-to 128] [--quick]
 
 Needs a CUDA GPU with CuPy and PyTorch. For each family and size: eager time (PyTorch, CUDA-graph replay
 over inputs rotated past L2), default-recipe time, the best of the default plus ``budget`` recipes
-(exhaustive when the cuda space is that small, else random), the search's wall time and candidate count,
+(exhaustive when the cuda space has at most max(budget, --exhaustive-up-to) recipes, else random), the search's
+wall time and candidate count,
 the exhaustive-search cost (the space size times the measured seconds per candidate), and the bound:
 minimum bytes over the measured copy bandwidth, or FLOPs over the measured cuBLAS fp16 matmul rate.
 Writes ``gpu_transforms.md`` and ``gpu_transforms.json`` into DIR.
@@ -193,7 +194,15 @@ def matmul_rate() -> float:
 
 
 def bench_case(
-    case: Case, *, budget: int, cache: Path, worker: Worker, bandwidth: float, rate: float, repeats: int
+    case: Case,
+    *,
+    budget: int,
+    exhaustive_up_to: int,
+    cache: Path,
+    worker: Worker,
+    bandwidth: float,
+    rate: float,
+    repeats: int,
 ) -> dict[str, object]:
     started = time.perf_counter()
     task = make_task(case.graph)
@@ -202,8 +211,9 @@ def bench_case(
     evaluate = evaluator(task, backend="cuda", cache_dir=cache, worker=worker, repeats=repeats, timeout_s=60)
     default = default_recipe(task.program, "cuda")
     (first,) = evaluate([default])
-    strategy_name = "exhaustive" if space.size() <= budget else "random"
-    strategy = create(strategy_name, space, budget=budget, seed=0)
+    exhaustive = space.size() <= max(budget, exhaustive_up_to)
+    strategy_name = "exhaustive" if exhaustive else "random"
+    strategy = create(strategy_name, space, budget=space.size() if exhaustive else budget, seed=0)
     strategy.tell([(default, first)])
     t0 = time.perf_counter()
     best = search(strategy, evaluate)
@@ -291,6 +301,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget", type=int, default=24)
+    parser.add_argument("--exhaustive-up-to", type=int, default=128, help="search spaces this small exhaustively")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of every family")
     parser.add_argument("--only", default="", help="comma-separated family names")
@@ -310,6 +321,7 @@ def main() -> None:
         "copy_tbps": bandwidth / 1e12,
         "matmul_tflops": rate / 1e12,
         "budget": args.budget,
+        "exhaustive_up_to": args.exhaustive_up_to,
     }
     print(json.dumps(meta), flush=True)
     rows: list[dict[str, object]] = []
@@ -324,6 +336,7 @@ def main() -> None:
                 row = bench_case(
                     case,
                     budget=args.budget,
+                    exhaustive_up_to=args.exhaustive_up_to,
                     cache=args.cache,
                     worker=worker,
                     bandwidth=bandwidth,
