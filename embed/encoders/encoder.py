@@ -78,9 +78,13 @@ class Encoder(ABC):
     def encode(self, features: FeatureSet) -> np.ndarray:
         """float32 embeddings, one row per feature row."""
 
-    @abstractmethod
+    _state: dict[str, np.ndarray] | None = None  # set by fit / from_state
+
     def state(self) -> dict[str, np.ndarray]:
         """The fitted state as named arrays (EncoderError when not fitted)."""
+        if self._state is None:
+            raise EncoderError(f"encoder {self.name!r} is not fitted")
+        return self._state
 
     @classmethod
     @abstractmethod

@@ -30,7 +30,7 @@ class LearnedEncoder(Encoder):
                  weight_decay: float = 1e-3, regression: float = 0.1, seed: int = 0) -> None:
         self.dim, self.hidden, self.steps, self.lr = dim, hidden, steps, lr
         self.weight_decay, self.regression, self.seed = weight_decay, regression, seed
-        self._state: dict[str, np.ndarray] | None = None
+        self._state = None
 
     @staticmethod
     def _inputs(features: FeatureSet, profiled: bool) -> np.ndarray:
@@ -58,11 +58,6 @@ class LearnedEncoder(Encoder):
             raise EncoderError(f"{self.name} was fitted on {s['mean'].shape[0]} features, got {x.shape[1]}")
         z = (x - s["mean"]) / s["scale"]
         return (z @ s["P"] + np.tanh(z @ s["W1"] + s["b1"]) @ s["W2"]).astype(np.float32)
-
-    def state(self) -> dict[str, np.ndarray]:
-        if self._state is None:
-            raise EncoderError(f"encoder {self.name!r} is not fitted")
-        return self._state
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> Self:

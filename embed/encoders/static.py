@@ -12,7 +12,7 @@ class StaticEncoder(Encoder):
 
     def __init__(self, dim: int = 16) -> None:
         self.dim = dim
-        self._state: dict[str, np.ndarray] | None = None
+        self._state = None
 
     def inputs(self, features: FeatureSet) -> np.ndarray:
         """The matrix this encoder reads: the static features."""
@@ -36,11 +36,6 @@ class StaticEncoder(Encoder):
         if x.shape[1] != s["mean"].shape[0]:
             raise EncoderError(f"{self.name} was fitted on {s['mean'].shape[0]} features, got {x.shape[1]}")
         return (((x - s["mean"]) / s["scale"]) @ s["components"].T).astype(np.float32)
-
-    def state(self) -> dict[str, np.ndarray]:
-        if self._state is None:
-            raise EncoderError(f"encoder {self.name!r} is not fitted")
-        return self._state
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> Self:

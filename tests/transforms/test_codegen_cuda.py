@@ -11,6 +11,7 @@ from embed.builder import GraphBuilder
 from embed.ir import Graph
 from embed.lower import lower
 from embed.partition import partition
+from tests.gpu import needs_gpu
 from tests.transforms.kernels import single
 from transforms.build import Source, build
 from transforms.codegen import generate
@@ -136,17 +137,8 @@ def test_row_kernels_compile_for_every_mode(tmp_path: Path, make) -> None:  # ty
     assert [(r, b.error[:300]) for r, b in zip(recipes, results, strict=True) if not b.ok] == []
 
 
-def _gpu() -> bool:
-    try:
-        import cupy
 
-        return cupy.cuda.is_available()
-    except ImportError:
-        return False
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="needs an NVIDIA GPU with CuPy")
+@needs_gpu
 @pytest.mark.parametrize("recipe", ["", "fuse(none);reduce(thread)", "fuse(all);reduce(warp);rows_per_block(4)",
                                     "fuse(all);threads(512);reduce(block);rows_per_block(2);unroll(4)",
                                     "fuse(none);reduce(warp);row_depth(1)"])
@@ -168,8 +160,7 @@ ROW_RECIPES = [
 ]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="needs an NVIDIA GPU with CuPy")
+@needs_gpu
 @pytest.mark.parametrize("graph", ["softmax", "cross_entropy", "add_layernorm"])
 def test_row_kernels_validate_on_the_gpu(tmp_path: Path, graph: str) -> None:
     from tests.transforms.kernels import measure

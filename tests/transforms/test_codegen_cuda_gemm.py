@@ -8,6 +8,7 @@ import pytest
 from embed.builder import GraphBuilder
 from embed.ir import Graph
 from embed.lower import lower
+from tests.gpu import needs_gpu
 from tests.transforms.kernels import single
 from transforms.build import Source, build
 from transforms.codegen import generate
@@ -121,17 +122,8 @@ def test_gemm_kernels_compile_to_ptx(tmp_path: Path) -> None:
     assert "trans" not in Path(results[3].artifact).read_text()  # [N, K] weights are already mma's layout
 
 
-def _gpu() -> bool:
-    try:
-        import cupy
 
-        return cupy.cuda.is_available()
-    except ImportError:
-        return False
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="needs an NVIDIA GPU with CuPy")
+@needs_gpu
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_gemm_kernels_validate_on_the_gpu(tmp_path: Path, case: int) -> None:
     from tests.transforms.kernels import measure

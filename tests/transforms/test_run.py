@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from tests.gpu import needs_gpu
 from transforms import run as runner
 from transforms.build import Source, build
 from transforms.results import BuildResult
@@ -162,14 +163,6 @@ def test_contract_rejects_bad_descriptions():
         Buffer("x-y", (1,), "float32")
 
 
-def _gpu() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.is_available()
-    except ImportError:
-        return False
-
 
 CUDA_VADD = """extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -177,8 +170,7 @@ CUDA_VADD = """extern "C" __global__ void vadd(const float* a, const float* b, f
 }"""
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="needs an NVIDIA GPU with CuPy")
+@needs_gpu
 def test_cuda_kernels_are_validated_timed_and_isolated(tmp_path, problem):
     variants = {"correct": "+ b[i]", "wrong": "- b[i]", "crash": "+ b[i]; if (i == 0) ((float*)0)[1 << 20] = 1.0f"}
     built = build([Source(CUDA_VADD.replace("BODY", body), backend="cuda") for body in variants.values()],
