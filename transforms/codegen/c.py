@@ -13,13 +13,11 @@ it, ``GCC unroll``.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from embed.ir import DType
-from embed.loopnest import BufferKind, Dim, LoopNest
+from embed.loopnest import Dim, LoopNest
 from transforms.codegen.expr import STORAGE_C, Printer, combine, extents, literal, prelude
-from transforms.codegen.kernel import Kernel, compute_dtype
-from transforms.codegen.signature import signature
+from transforms.codegen.kernel import Kernel, codegen_context
 from transforms.run import Launch
 from transforms.schedule import Group, Schedule
 
@@ -53,13 +51,9 @@ def generate_c(schedule: Schedule) -> Kernel:
 class _CGen:
     def __init__(self, schedule: Schedule) -> None:
         self.s = schedule
-        program = schedule.program
-        compute = compute_dtype(program)
-        self.ctype = "double" if compute == DType.FLOAT64 else "float"
-        self.sig = signature(program, compute)
-        buffers = {n: replace(b, dtype=compute) if b.kind == BufferKind.TEMP else b for n, b in program.buffers.items()}
-        self.buffers = buffers
-        self.p = Printer(buffers, self.sig.names, self.ctype)
+        context = codegen_context(schedule.program)
+        self.ctype, self.sig, self.buffers = context.ctype, context.sig, context.buffers
+        self.p = Printer(self.buffers, self.sig.names, self.ctype)
         self.w = _Writer()
         self.fresh = 0
 

@@ -14,14 +14,11 @@ groups of row shape run as row kernels instead (vector accesses, rows in registe
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
-from embed.ir import DType
-from embed.loopnest import BufferKind, Dim, LoopNest
+from embed.loopnest import Dim, LoopNest
 from transforms.codegen.cuda_rows import RowEmitter, plan_rows
 from transforms.codegen.expr import STORAGE_C, Printer, combine, extents, literal, prelude
-from transforms.codegen.kernel import Kernel, compute_dtype
-from transforms.codegen.signature import signature
+from transforms.codegen.kernel import Kernel, codegen_context
 from transforms.run import Launch
 from transforms.schedule import Group, Schedule
 
@@ -67,12 +64,8 @@ def generate_cuda(schedule: Schedule) -> Kernel:
 class _CudaGen:
     def __init__(self, schedule: Schedule) -> None:
         self.s = schedule
-        program = schedule.program
-        compute = compute_dtype(program)
-        self.ctype = "double" if compute == DType.FLOAT64 else "float"
-        self.sig = signature(program, compute)
-        self.buffers = {n: replace(b, dtype=compute) if b.kind == BufferKind.TEMP else b
-                        for n, b in program.buffers.items()}
+        context = codegen_context(schedule.program)
+        self.ctype, self.sig, self.buffers = context.ctype, context.sig, context.buffers
         self.p = _HookedPrinter(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
         self.lines: list[str] = []
         self.fresh = 0
