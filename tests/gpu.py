@@ -2,15 +2,8 @@
 
 import pytest
 
-
-def _gpu_available() -> bool:
-    try:
-        import cupy
-
-        return bool(cupy.cuda.is_available())
-    except ImportError:
-        return False
+from transforms.backends import gpu_available
 
 
 def needs_gpu(test):
-    return pytest.mark.gpu(pytest.mark.skipif(not _gpu_available(), reason="needs an NVIDIA GPU with CuPy")(test))
+    return pytest.mark.gpu(pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU with CuPy")(test))

@@ -14,6 +14,7 @@ from embed.errors import EmbedError
 from embed.importers import load_model
 from embed.ir import Graph, graph_from_json
 from embed.registry import UnknownNameError
+from transforms.backends import BackendUnavailableError, resolve_backend
 from transforms.search import strategies
 from transforms.tune import Task, tune
 from tunebank.cli.errors import fail
@@ -37,15 +38,17 @@ def tune_command(
     model: Annotated[str, typer.Argument(help="zoo model name, .onnx file, or IR .json (model or subgraph)")],
     strategy: Annotated[str, typer.Option(help="exhaustive | random | evolutionary")] = "random",
     budget: Annotated[int, typer.Option(min=1, max=100_000, help="recipes to try per subgraph")] = 32,
-    backend: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    backend: Annotated[str, typer.Option(help="auto | cpu | cuda (auto: cuda when CuPy sees a GPU)")] = "auto",
     seed: Annotated[int, typer.Option(help="random seed (inputs and search)")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
 ) -> None:
     """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups."""
     if strategy not in strategies.names() or strategy == "given_candidates":
         fail(f"unknown strategy {strategy!r}; choose one of: exhaustive, random, evolutionary")
-    if backend not in ("cpu", "cuda"):
-        fail(f"unknown backend {backend!r}; choose cpu or cuda")
+    try:
+        backend = resolve_backend(backend)
+    except (ValueError, BackendUnavailableError) as e:
+        fail(str(e))
     cache_dir = Settings().data_dir / "kernels"
     try:
         graph = _load(model)
