@@ -74,6 +74,7 @@ class Schedule:
     row_depth: int = 0
     row_mode: str = ""
     gemm: GemmConfig | None = None  # (cuda) a contraction run by transforms.codegen.cuda_gemm
+    sparse: tuple[str, int] = ("csr", 1)  # (format, width) of ragged reductions: transforms.steps.sparse
 
     def set(self, **knobs: object) -> Schedule:
         return replace(self, **knobs)  # type: ignore[arg-type]
