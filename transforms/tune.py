@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ from transforms.codegen import Kernel, generate
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import run_dtype, signature
 from transforms.recipe import Recipe
+from transforms.reorder import chain_orders, chains, describe
 from transforms.results import RunResult
 from transforms.run import TOLERANCE, Problem, Trial, Worker, quantize, run
 from transforms.schedule import ScheduleError
@@ -48,6 +49,7 @@ class Task:
     graph: Graph
     program: LoopProgram
     problem: Problem
+    key: str = ""  # the subgraph's structural hash, when it came from one
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,30 @@ class TuneResult:
     @property
     def speedup_vs_eager(self) -> float:
         return self.eager_s / self.best_s if math.isfinite(self.best_s) and self.best_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class OrderResult:
+    """One reorderable chain (``transforms.reorder``): the graph's time with ``A·(X·W)`` and with ``(A·X)·W``,
+    each the sum of its subgraphs' best times (inf when one did not validate)."""
+
+    chain: str
+    original_s: float
+    reordered_s: float
+
+    @property
+    def winner(self) -> str:
+        return "(A·X)·W" if self.reordered_s < self.original_s else "A·(X·W)"
+
+
+class TuneResults(list[TuneResult]):
+    """The per-subgraph results; ``orders`` holds the chain comparisons of ``tune(..., reorder=True)``."""
+
+    orders: list[OrderResult]
+
+    def __init__(self, results: Sequence[TuneResult] = (), orders: Sequence[OrderResult] = ()) -> None:
+        super().__init__(results)
+        self.orders = list(orders)
 
 
 def quantized_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0) -> dict[str, np.ndarray]:
@@ -169,7 +195,8 @@ def tasks_of(target: Graph | Subgraph | Sequence[Subgraph], *, seed: int = 0) ->
         target = partition(target)
     subs = [target] if isinstance(target, Subgraph) else list(target)
     unique = {s.structural_hash: s for s in subs if s.tunable}
-    return [make_task(s, seed=seed, name=f"{s.graph.name} ({'+'.join(s.ops)})") for s in unique.values()]
+    return [replace(make_task(s, seed=seed, name=f"{s.graph.name} ({'+'.join(s.ops)})"), key=key)
+            for key, s in unique.items()]
 
 
 Progress = Callable[[Task, int, int], None]  # (task, evaluated so far, budget)
@@ -185,12 +212,19 @@ def tune(
     seed: int = 0,
     repeats: int = 10,
     progress: Progress | None = None,
-) -> list[TuneResult]:
+    reorder: bool = False,
+) -> TuneResults:
     """Tune every distinct tunable subgraph of ``target``: the default recipe first, then ``budget`` recipes
-    proposed by ``strategy`` (exhaustive | random | evolutionary) in batches."""
-    results = []
+    proposed by ``strategy`` (exhaustive | random | evolutionary) in batches.
+
+    With ``reorder`` (a model graph only), the subgraphs of every order of its sparse-dense chains
+    (``transforms.reorder.chain_orders``) are tuned too, and ``orders`` compares the orders of each chain."""
+    graphs = chain_orders(target) if reorder and isinstance(target, Graph) else []
+    parts = [partition(g) for g in graphs]
+    results = TuneResults()
+    best_by_key: dict[str, float] = {}
     with Worker() as worker:
-        for task in tasks_of(target, seed=seed):
+        for task in tasks_of([s for p in parts for s in p] if graphs else target, seed=seed):
             space = RecipeSpace(task.program, backend)
             evaluate_recipes = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats)
             default = default_recipe(task.program, backend)
@@ -213,4 +247,9 @@ def tune(
                 best_recipe=str(best[0]) if best else None, best_s=best[1].score if best else math.inf,
                 evaluated=len(history), failed=sum(not r.ok for _, r in history),
             ))
+            best_by_key[task.key] = results[-1].best_s
+    if graphs:
+        seconds = [sum(best_by_key[s.structural_hash] for s in p if s.tunable) for p in parts]
+        results.orders = [OrderResult(describe(graphs[0], c), seconds[0], seconds[k + 1])
+                          for k, c in enumerate(chains(graphs[0]))]
     return results

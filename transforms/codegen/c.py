@@ -91,7 +91,7 @@ class _CGen:
         par = min(s.parallel, len(order))
         rows: dict[str, tuple[str, int, int]] = {}  # frame role -> (base var, extent, tile)
         for k, role in enumerate(order):
-            extent, tile = g.row_extent(role), min(s.tile(role), g.row_extent(role))
+            extent, tile = g.row_extent(role), min(self.row_tile(g, role), g.row_extent(role))
             var = self.var("i")
             if k == 0 and par:
                 w.line(f"#pragma omp parallel for collapse({par}) schedule(static)")
@@ -102,6 +102,13 @@ class _CGen:
             self.member(g, nest, rows, par_reduce=s.parallel > 0 and not order)
         w.close(len(order))
         w.close()
+
+    def row_tile(self, g: Group, role: str) -> int:
+        """``tile(role)``; in a group with a ragged member under ``sparse(csr,V)``, V for the column role, else 1."""
+        kind, width = self.s.sparse
+        if kind != "csr" or width == 1 or not any(_ragged(n) and len(n.parallel) == g.depth for n in g.members):
+            return self.s.tile(role)
+        return width if role == g.rows[-1] else 1
 
     def member(self, g: Group, nest: LoopNest, rows: dict[str, tuple[str, int, int]], par_reduce: bool) -> None:
         w = self.w
@@ -119,8 +126,8 @@ class _CGen:
                 env[own[role]] = var
         inner = list(nest.parallel[g.depth:])
         w.open("")
-        ragged = any(d.ragged is not None for d in nest.reduction)
-        if nest.statement.combiner is not None and not inner and points and not ragged:
+        blockable = not _ragged(nest) or self.s.sparse[0] == "csr" and self.s.sparse[1] > 1  # see row_tile
+        if nest.statement.combiner is not None and not inner and points and blockable:
             self.blocked(nest, env, points)
         else:
             opened = 0
@@ -186,6 +193,12 @@ class _CGen:
         v = self.var("r")
         env[last.name] = v
         lanes = s.lanes if s.reduce == "lanes" and not par else 1
+        if last.ragged is not None and s.sparse[0] == "ell":
+            ok = self.ell_loop(v, lo, hi, s.sparse[1], f"{omp}:{acc}")
+            w.line(combine(comb, acc, f"({ok} ? {self.p.expr(st.body, env, extents(nest))} : {ident})"))
+            w.close(opened + 2)
+            self.finish(nest, env, acc)
+            return
         if lanes > 1:
             part = self.var("part")
             w.line(f"{self.ctype} {part}[{lanes}];")
@@ -211,6 +224,17 @@ class _CGen:
         w.line(combine(comb, acc, self.p.expr(st.body, env, extents(nest))))
         w.close(opened + 1)
         self.finish(nest, env, acc)
+
+    def ell_loop(self, v: str, lo: str, hi: str, width: int, reduction: str) -> str:
+        """Open chunks of ``width`` nonzeros of ``[lo, hi)`` and a predicated lane loop binding ``v`` (closes: 2);
+        returns the predicate. Past ``hi``, ``v`` stays a valid index (``lo``) and the caller adds the identity."""
+        base, ok = self.var("e"), self.var("ok")
+        self.w.open(f"for (idx_t {base} = {lo}; {base} < {hi}; {base} += {width})")
+        self.w.line(f"#pragma omp simd simdlen({width}) reduction({reduction})")
+        self.w.open(f"for (int u = 0; u < {width}; u++)")
+        self.w.line(f"const int {ok} = {base} + u < {hi};")
+        self.w.line(f"const idx_t {v} = {ok} ? {base} + u : {lo};")
+        return ok
 
     def blocked(self, nest: LoopNest, env: dict[str, str], points: list[tuple[str, str, int]]) -> None:
         """One accumulator per point of the row tiles, the point loops inside the reduction loops."""
@@ -239,3 +263,5 @@ class _CGen:
         w.close(len(points))
 
 
+def _ragged(nest: LoopNest) -> bool:
+    return any(d.ragged is not None for d in nest.reduction)

@@ -124,6 +124,8 @@ class _CudaGen:
         else:
             if self.s.row_depth and len(g.nests) == 1 and g.depth > self.s.row_depth:
                 g = Group(g.nests, self.s.row_depth, g.program)  # inner parallel dims go across the lanes
+            elif self.columns(g.members[0]) > 1 and len(g.nests) == 1 and g.depth > 1:
+                g = Group(g.nests, g.depth - 1, g.program)  # sparse(csr,V): the columns go across the lanes
             lanes, threads = self.lanes(g)
         per_block = threads // lanes
         rows = math.prod(g.row_extent(r) for r in g.rows)
@@ -162,6 +164,9 @@ class _CudaGen:
         st = nest.statement
         inner = list(nest.parallel[depth:])
         ext = extents(nest)
+        if st.combiner is not None and len(inner) == 1 and self.columns(nest) > 1:
+            self.column_block(nest, env, inner[0], lanes)
+            return
         if st.combiner is None or inner:
             count = math.prod(d.extent for d in inner)
             k = self.var("k")
@@ -180,19 +185,14 @@ class _CudaGen:
         red = nest.reduction
         k = self.var("k")
         if any(d.ragged is not None for d in red):
-            self.unroll()
-            d = red[0]
-            lo = self.p.index(d.ragged.start, env, ext) if d.ragged else "0"
-            hi = self.p.index(d.ragged.stop, env, ext) if d.ragged else str(d.extent)
             if len(red) > 1:
                 raise ValueError("a ragged reduction must be the nest's only reduction dim")
-            self.line(f"for (idx_t {k} = {lo} + lane; valid && {k} < {hi}; {k} += {lanes}) {{")
-            env[d.name] = k
-            close = "}"
+            ok, close = self.ragged(nest, env, k, "lane", lanes)
+            self.line("  " + combine(st.combiner.value, acc, self.guard(ok, self.p.expr(st.body, env, ext), ident)))
         else:
             close = self.strided(k, math.prod(d.extent for d in red), lanes)
             self.decode(list(red), k, env)
-        self.line("  " + combine(st.combiner.value, acc, self.p.expr(st.body, env, ext)))
+            self.line("  " + combine(st.combiner.value, acc, self.p.expr(st.body, env, ext)))
         self.line(close)
         comb = st.combiner.value
         for offset in (16, 8, 4, 2, 1):
@@ -208,6 +208,64 @@ class _CudaGen:
         self.line("if (valid && lane == 0) {")
         self.finish(nest, env, acc)
         self.line("}")
+
+    def columns(self, nest: LoopNest) -> int:
+        """V of ``sparse(csr,V)`` for a ragged reduction nest, else 1."""
+        kind, width = self.s.sparse
+        return width if kind == "csr" and any(d.ragged is not None for d in nest.reduction) else 1
+
+    def ragged(self, nest: LoopNest, env: dict[str, str], k: str, lane: str, lanes: int) -> tuple[str, str]:
+        """Open the loop over nest's ragged dim (bound to ``k``), lane ``lane`` of ``lanes`` taking every
+        ``lanes``-th nonzero; returns (predicate, closing). Under ``sparse(ell,W)`` the row is walked in chunks of
+        ``lanes * W`` with the same trip count on every lane, ``k`` staying a valid index where the predicate fails."""
+        (d,) = nest.reduction
+        assert d.ragged is not None
+        ext = extents(nest)
+        lo, hi = self.p.index(d.ragged.start, env, ext), self.p.index(d.ragged.stop, env, ext)
+        env[d.name] = k
+        kind, width = self.s.sparse
+        self.unroll()
+        if kind != "ell":
+            self.line(f"for (idx_t {k} = {lo} + {lane}; valid && {k} < {hi}; {k} += {lanes}) {{")
+            return "", "}"
+        e, u, ok = self.var("e"), self.var("u"), self.var("ok")
+        self.line(f"for (idx_t {e} = {lo}; valid && {e} < {hi}; {e} += {lanes * width}) {{")
+        self.line("#pragma unroll")
+        self.line(f"for (int {u} = 0; {u} < {width}; {u}++) {{")
+        self.line(f"  const bool {ok} = {e} + {u} * {lanes} + {lane} < {hi};")
+        self.line(f"  const idx_t {k} = {ok} ? {e} + {u} * {lanes} + {lane} : {lo};")
+        return ok, "}}"
+
+    @staticmethod
+    def guard(ok: str, value: str, ident: str) -> str:
+        return f"({ok} ? {value} : {ident})" if ok else value
+
+    def column_block(self, nest: LoopNest, env: dict[str, str], column: Dim, lanes: int) -> None:
+        """``sparse(csr,V)``: each lane reduces ``V`` consecutive columns over the row's nonzeros, reading each
+        nonzero's value and index once (columns past the end are clamped on reads and not stored)."""
+        st = nest.statement
+        assert st.combiner is not None
+        width, ext = self.columns(nest), extents(nest)
+        ident = literal(st.combiner.identity, self.ctype)
+        k, acc, v = self.var("k"), self.var("acc"), self.var("v")
+        close = self.strided(k, -(-column.extent // width), lanes)
+        self.line(f"  {self.ctype} {acc}[{width}];")
+        self.line(f"  for (int {v} = 0; {v} < {width}; {v}++) {acc}[{v}] = {ident};")
+        ok, close_red = self.ragged(nest, env, self.var("r"), "0", 1)
+        self.line("#pragma unroll")
+        self.line(f"for (int {v} = 0; {v} < {width}; {v}++) {{")
+        last = column.extent - 1
+        env[column.name] = f"({k} * {width} + {v} < {last} ? {k} * {width} + {v} : {last})"
+        value = self.guard(ok, self.p.expr(st.body, env, ext), ident)
+        self.line("  " + combine(st.combiner.value, f"{acc}[{v}]", value))
+        self.line("}")
+        self.line(close_red)
+        self.line(f"for (int {v} = 0; {v} < {width}; {v}++) {{")
+        self.line(f"  if ({k} * {width} + {v} >= {column.extent}) break;")
+        env[column.name] = f"({k} * {width} + {v})"
+        self.finish(nest, env, f"{acc}[{v}]")
+        self.line("}")
+        self.line(close)
 
     def strided(self, k: str, count: int, lanes: int) -> str:
         """Open a loop binding ``k`` to this lane's points of ``0..count`` (stride ``lanes``); returns its closing.
@@ -245,11 +303,15 @@ class _CudaGen:
         acc = self.var("acc")
         ext = extents(nest)
         self.line(f"  {self.ctype} {acc} = {literal(st.combiner.identity, self.ctype)};")
+        ident = literal(st.combiner.identity, self.ctype)
+        if any(d.ragged is not None for d in nest.reduction):
+            ok, close = self.ragged(nest, env, self.var("r"), "0", 1)
+            self.line("    " + combine(st.combiner.value, acc, self.guard(ok, self.p.expr(st.body, env, ext), ident)))
+            self.line(close)
+            return acc
         for d in nest.reduction:
             v = self.var("r")
-            lo = self.p.index(d.ragged.start, env, ext) if d.ragged else "0"
-            hi = self.p.index(d.ragged.stop, env, ext) if d.ragged else str(d.extent)
-            self.line(f"  for (idx_t {v} = {lo}; {v} < {hi}; {v}++)")
+            self.line(f"  for (idx_t {v} = 0; {v} < {d.extent}; {v}++)")
             env[d.name] = v
         self.line("    " + combine(st.combiner.value, acc, self.p.expr(st.body, env, ext)))
         return acc

@@ -41,6 +41,7 @@ def tune_command(
     backend: Annotated[str, typer.Option(help="auto | cpu | cuda (auto: cuda when CuPy sees a GPU)")] = "auto",
     seed: Annotated[int, typer.Option(help="random seed (inputs and search)")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
+    reorder: Annotated[bool, typer.Option("--reorder", help="also tune (A·X)·W for each A·(X·W) chain")] = False,
 ) -> None:
     """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups."""
     if strategy not in strategies.names() or strategy == "given_candidates":
@@ -65,12 +66,14 @@ def tune_command(
 
         try:
             results = tune(graph, strategy=strategy, backend=backend, budget=budget, cache_dir=cache_dir, seed=seed,
-                           progress=progress)
+                           progress=progress, reorder=reorder)
         except (EmbedError, UnknownNameError, ValueError) as e:
             fail(str(e).splitlines()[0])
     if as_json:
         rows = [{**r.__dict__, "speedup": r.speedup, "speedup_vs_eager": r.speedup_vs_eager} for r in results]
-        console.print_json(json.dumps(rows, default=lambda v: None))
+        orders = [{**o.__dict__, "winner": o.winner} for o in results.orders]
+        console.print_json(json.dumps({"subgraphs": rows, "orders": orders} if reorder else rows,
+                                      default=lambda v: None))
         return
     table = Table(title=f"{model}: {len(results)} subgraphs, {strategy}, budget {budget}, {backend}")
     for column in ("subgraph", "kind", "space", "eager us", "default us", "best us", "x default", "x eager",
@@ -81,3 +84,10 @@ def tune_command(
                       f"{r.speedup:.2f}", f"{r.speedup_vs_eager:.2f}", str(r.evaluated), str(r.failed),
                       r.best_recipe or "-")
     console.print(table)
+    if results.orders:
+        orders = Table(title="chain orders (sum of the subgraphs' best times)")
+        for column in ("chain", "A·(X·W) us", "(A·X)·W us", "winner"):
+            orders.add_column(column)
+        for o in results.orders:
+            orders.add_row(o.chain, _us(o.original_s), _us(o.reordered_s), o.winner)
+        console.print(orders)
