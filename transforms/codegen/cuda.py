@@ -8,7 +8,8 @@ flattened reduction space across the lanes and folds the partials with ``__shfl_
 memory across warps when L > 32). Members are separated by ``__syncwarp`` / ``__syncthreads``, so later
 members see what earlier ones wrote. Groups without reductions use one thread per row point.
 Half floats travel as raw 16 bits converted with PTX ``cvt``; no CUDA header is needed. With ``row_mode`` set,
-groups of row shape run as row kernels instead (vector accesses, rows in registers: ``cuda_rows``).
+groups of row shape run as row kernels instead (vector accesses, rows in registers: ``cuda_rows``); with ``stage``
+set, strided pointwise nests go through shared-memory tiles (tiled transposes: ``cuda_stage``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 
 from embed.loopnest import Dim, LoopNest
 from transforms.codegen.cuda_rows import RowEmitter, plan_rows
+from transforms.codegen.cuda_stage import emit_staged, plan_group
 from transforms.codegen.expr import STORAGE_C, Printer, combine, extents, literal, prelude
 from transforms.codegen.kernel import Kernel, codegen_context
 from transforms.run import Launch
@@ -118,6 +120,9 @@ class _CudaGen:
     # -- one group = one kernel --------------------------------------------------------------
 
     def group(self, g: Group) -> tuple[int, int]:
+        staged = plan_group(self.s, g)
+        if staged is not None:
+            return emit_staged(self, staged, *self.s.stage)
         plan = plan_rows(self.s, g, DEFAULT_THREADS)
         if plan is not None:
             g, lanes, threads = plan.group, plan.lanes, plan.threads
