@@ -25,7 +25,8 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
-def _toolchain(backend: str) -> str:
+def toolchain(backend: str) -> str:
+    """The compiler identity recorded with measurements on ``backend``."""
     if backend == "cpu":
         from transforms.compilers.cpu import toolchain_id
 
@@ -76,7 +77,7 @@ def transfer_command(
         else:
             from service.devices import detect_device
 
-            table = MeasurementTable(detect_device(backend), _toolchain(backend))
+            table = MeasurementTable(detect_device(backend), toolchain(backend))
             measurer = live_measurer(table, backend=backend, cache_dir=Settings().data_dir / "kernels",
                                      worker=worker, repeats=repeats)
         try:
