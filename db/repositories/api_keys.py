@@ -7,8 +7,8 @@ from collections.abc import Collection
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.errors import NotFoundError
 from db.models import ApiKey
+from db.repositories._get import get_or_raise
 
 SECRET_PREFIX = "tb_"
 
@@ -33,9 +33,7 @@ def authenticate(session: Session, secret: str) -> ApiKey | None:
 
 
 def revoke_api_key(session: Session, key_id: int) -> None:
-    key = session.get(ApiKey, key_id)
-    if key is None:
-        raise NotFoundError(f"no API key with id {key_id}")
+    key = get_or_raise(session, ApiKey, key_id, "API key")
     key.revoked = True
     session.flush()
 

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from db.errors import NotFoundError
 from db.models import Job
+from db.repositories._get import get_or_raise
 
 
 class JobStatus(StrEnum):
@@ -35,10 +35,7 @@ def enqueue(session: Session, kind: str, params: dict[str, Any]) -> Job:
 
 
 def get_job(session: Session, job_id: int) -> Job:
-    job = session.get(Job, job_id)
-    if job is None:
-        raise NotFoundError(f"no job with id {job_id}")
-    return job
+    return get_or_raise(session, Job, job_id, "job")
 
 
 def list_jobs(

@@ -7,8 +7,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.errors import InvalidRecordError, NotFoundError
+from db.errors import InvalidRecordError
 from db.models import Subgraph
+from db.repositories._get import get_or_raise
 from db.repositories._insert import insert_ignore, pages
 
 
@@ -44,10 +45,7 @@ def subgraph_ids(session: Session, hashes: Iterable[str]) -> dict[str, int]:
 
 
 def get_subgraph(session: Session, subgraph_id: int) -> Subgraph:
-    subgraph = session.get(Subgraph, subgraph_id)
-    if subgraph is None:
-        raise NotFoundError(f"no subgraph with id {subgraph_id}")
-    return subgraph
+    return get_or_raise(session, Subgraph, subgraph_id, "subgraph")
 
 
 def get_subgraphs(session: Session, subgraph_ids: Iterable[int]) -> dict[int, Subgraph]:

@@ -130,9 +130,13 @@ class Printer:
             stride *= n
         return " + ".join(reversed(terms)) or "0"
 
+    def ref(self, access: Access, env: Env, extents: Mapping[str, int]) -> str:
+        """The C lvalue of ``access``: the buffer's generated name indexed by its row-major offset."""
+        return f"{self.names[access.tensor]}[{self.offset(access.tensor, access.index, env, extents)}]"
+
     def load(self, access: Access, env: Env, extents: Mapping[str, int]) -> str:
         buf = self.buffers[access.tensor]
-        ref = f"{self.names[access.tensor]}[{self.offset(access.tensor, access.index, env, extents)}]"
+        ref = self.ref(access, env, extents)
         if buf.dtype == DType.FLOAT16:
             value = self.half_load.format(ref)
         elif buf.dtype == DType.BFLOAT16:
@@ -153,7 +157,7 @@ class Printer:
 
     def store(self, access: Access, env: Env, extents: Mapping[str, int], value: str) -> str:
         buf = self.buffers[access.tensor]
-        ref = f"{self.names[access.tensor]}[{self.offset(access.tensor, access.index, env, extents)}]"
+        ref = self.ref(access, env, extents)
         if buf.dtype == DType.FLOAT16:
             value = self.half_store.format(value)
         elif buf.dtype == DType.BFLOAT16:
