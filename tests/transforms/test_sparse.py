@@ -16,7 +16,7 @@ from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import signature
 from transforms.compilers import cuda
 from transforms.recipe import parse
-from transforms.run import Problem, Worker
+from transforms.run import TOLERANCE, Problem, Worker
 from transforms.schedule import ScheduleError
 from transforms.space import RecipeSpace
 from transforms.transformation import apply_recipe
@@ -56,7 +56,7 @@ def _task(graph, values) -> Task:  # type: ignore[no-untyped-def]
     sig = signature(program, compute_dtype(program))
     reference = evaluate(program, values)
     problem = Problem({sig.names[n]: values[n] for n in program.inputs},
-                      {sig.names[n]: reference[n] for n in program.outputs}, tolerances(program, sig.names))
+                      {sig.names[n]: reference[n] for n in program.outputs}, tolerances(program, sig.names, values))
     return Task("skewed", "sparse", graph, program, problem)
 
 
@@ -121,3 +121,14 @@ def test_cuda_formats_compile_to_ptx(tmp_path: Path) -> None:
     assert [(label, r.error[:300]) for label, r in zip(labels, results, strict=True) if not r.ok] == []
     ell = generate(apply_recipe(parse(CUDA_RECIPES[3]), programs[1]), "cuda").code
     assert "e5 += 128)" in ell  # 32 lanes x 4 nonzeros per chunk
+
+
+def test_tolerance_widens_with_the_longest_csr_row_not_the_mean() -> None:
+    graph, values = _skewed()
+    program = lower(graph)
+    names = signature(program, compute_dtype(program)).names
+    (mean_based,) = tolerances(program, names).values()
+    hub = dict(values, ip=np.array([0] + [1024] * 12, dtype=np.int64))  # one row of 1024 terms, the rest empty
+    (hub_based,) = tolerances(program, names, hub).values()
+    assert mean_based == TOLERANCE["float32"]  # mean degree ~4: no widening
+    assert hub_based == TOLERANCE["float32"] * 8  # sqrt(1024) / 4
