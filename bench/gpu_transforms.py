@@ -1,20 +1,28 @@
 """GPU benchmark of the transforms tuner: eager PyTorch, default recipe, tuned best and the bound per family.
 
-    python bench/gpu_transforms.py --out DIR [--budget 24] [--exhaustive-up-to 128] [--quick]
+    python bench/gpu_transforms.py --out DIR [--budget 24] [--strategy local] [--exhaustive-up-to 128] [--quick]
+    python bench/gpu_transforms.py --out DIR --sweep "softmax:2048x32000@threads(256)|threads(1024);..." [--sweep ...]
 
 Needs a CUDA GPU with CuPy and PyTorch. For each family and size: eager time (PyTorch, CUDA-graph replay
-over inputs rotated past L2), default-recipe time, the best of the default plus ``budget`` recipes
-(exhaustive when the cuda space has at most max(budget, --exhaustive-up-to) recipes, else random), the search's
-wall time and candidate count,
-the exhaustive-search cost (the space size times the measured seconds per candidate), and the bound:
-minimum bytes over the measured copy bandwidth, or FLOPs over the measured cuBLAS fp16 matmul rate.
-Writes ``gpu_transforms.md`` and ``gpu_transforms.json`` into DIR.
+over inputs rotated past L2), default-recipe time, the best of the default plus ``budget`` distinct kernels
+(recipes that generate the same code as one measured before are not measured again; exhaustive when the cuda
+space has at most max(budget, --exhaustive-up-to) recipes, else ``--strategy``: ``local`` mutates the best
+recipe so far one dimension at a time, starting from the default; ``random``; ``evolutionary``), the search's
+wall time and candidate count, the exhaustive-search cost (the space size times the measured seconds per
+candidate), and the bound: minimum bytes over the measured copy bandwidth, or FLOPs over the measured cuBLAS
+fp16 matmul rate. Writes ``gpu_transforms.md`` and ``gpu_transforms.json`` into DIR.
+
+``--sweep CASES@SPEC`` (repeatable) measures instead, for each case matching ``CASES`` (as ``--cases``), every
+distinct kernel of a focused product around the default recipe: ``SPEC``'s groups are separated by ``;``,
+alternatives by ``|``, steps of one alternative by ``+``; each alternative replaces the default's steps of the
+same names (``reduce(warp)|reduce(block)+rows_per_block(4)``). Writes ``gpu_sweep.md`` and ``gpu_sweep.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import time
@@ -26,13 +34,17 @@ import numpy as np
 
 from embed.builder import GraphBuilder
 from embed.ir import Graph
+from transforms.codegen import generate
 from transforms.eager_cuda import graph_replay_seconds
-from transforms.recipe import Recipe
+from transforms.recipe import Recipe, Step, parse
+from transforms.results import RunResult
 from transforms.run import Worker
+from transforms.schedule import ScheduleError
 from transforms.search import create
-from transforms.search.strategy import search
+from transforms.search.strategy import Strategy
 from transforms.space import RecipeSpace, default_recipe
-from transforms.tune import eager_seconds, evaluator, make_task
+from transforms.transformation import apply_recipe
+from transforms.tune import Task, eager_seconds, evaluator, make_task
 
 F16, F32 = "float16", "float32"
 
@@ -124,6 +136,68 @@ def gcn_spmm(nodes: int, per_row: int, feats: int) -> Case:
     )
 
 
+def selected(all_cases: list[Case], patterns: str) -> list[Case]:
+    """The cases matching any comma-separated ``family`` or ``family:size`` pattern (all when empty)."""
+    wanted = [p.split(":", 1) for p in patterns.split(",") if p]
+    return [c for c in all_cases if not wanted or any(
+        c.family == w[0] and (len(w) == 1 or c.size == w[1]) for w in wanted)]
+
+
+class Distinct:
+    """``evaluate(recipes)`` that measures each distinct generated kernel once: a recipe whose code and launches
+    equal an earlier one's gets that one's result. ``measured`` counts the kernels measured."""
+
+    def __init__(self, task: Task, **options: object) -> None:
+        self.task = task
+        self.evaluate = evaluator(task, backend="cuda", **options)  # type: ignore[arg-type]
+        self.seen: dict[object, RunResult] = {}
+        self.measured = 0
+
+    def key(self, recipe: Recipe) -> object:
+        try:
+            kernel = generate(apply_recipe(recipe, self.task.program), "cuda")
+        except ScheduleError as e:
+            return str(e)
+        return kernel.code, kernel.launches
+
+    def __call__(self, recipes: list[Recipe]) -> list[RunResult]:
+        keys = [self.key(r) for r in recipes]
+        fresh = {k: r for k, r in zip(keys, recipes, strict=True) if k not in self.seen}
+        for k, result in zip(fresh, self.evaluate(list(fresh.values())), strict=True):
+            self.seen[k] = result
+        self.measured += len(fresh)
+        return [self.seen[k] for k in keys]
+
+
+def search_distinct(strategy: Strategy, evaluate: Distinct, budget: int, batch: int = 8) -> None:
+    """Ask and tell until ``budget`` distinct kernels past the first were measured or the strategy is done."""
+    start = evaluate.measured
+    while not strategy.done and evaluate.measured - start < budget:
+        recipes = strategy.ask(min(batch, budget - (evaluate.measured - start)))
+        if recipes:
+            strategy.tell(list(zip(recipes, evaluate(recipes), strict=True)))
+
+
+def make_strategy(name: str, space: RecipeSpace, budget: int) -> Strategy:
+    """``local``: hill-climbing from the best result told (the default first); else a registered strategy.
+    The strategy may ask up to 16 x ``budget`` recipes, since those generating known kernels cost nothing."""
+    if name == "local":
+        return create("given_candidates", space, candidates=[], local_budget=16 * budget, seed=0)
+    return create(name, space, budget=16 * budget, seed=0)
+
+
+def sweep_recipes(default: Recipe, spec: str) -> list[Recipe]:
+    """The product of ``spec``'s groups of alternatives around ``default`` (see the module docstring)."""
+    groups = [[[s for text in alt.split("+") for s in parse(text)] for alt in g.split("|")]
+              for g in spec.split(";") if g.strip()]
+    out = []
+    for combo in itertools.product(*groups):
+        steps: list[Step] = [s for alt in combo for s in alt]
+        names = {s.name for s in steps}
+        out.append(Recipe(tuple(s for s in default if s.name not in names) + tuple(steps)))
+    return list(dict.fromkeys(out))
+
+
 def cases(quick: bool) -> list[Case]:
     if quick:
         return [
@@ -197,6 +271,7 @@ def bench_case(
     case: Case,
     *,
     budget: int,
+    strategy_name: str,
     exhaustive_up_to: int,
     cache: Path,
     worker: Worker,
@@ -208,17 +283,18 @@ def bench_case(
     task = make_task(case.graph)
     prepared = time.perf_counter() - started
     space = RecipeSpace(task.program, "cuda")
-    evaluate = evaluator(task, backend="cuda", cache_dir=cache, worker=worker, repeats=repeats, timeout_s=60)
+    evaluate = Distinct(task, cache_dir=cache, worker=worker, repeats=repeats, timeout_s=60)
     default = default_recipe(task.program, "cuda")
     (first,) = evaluate([default])
     exhaustive = space.size() <= max(budget, exhaustive_up_to)
-    strategy_name = "exhaustive" if exhaustive else "random"
-    strategy = create(strategy_name, space, budget=space.size() if exhaustive else budget, seed=0)
+    name = "exhaustive" if exhaustive else strategy_name
+    strategy = create(name, space, budget=space.size()) if exhaustive else make_strategy(name, space, budget)
     strategy.tell([(default, first)])
     t0 = time.perf_counter()
-    best = search(strategy, evaluate)
+    search_distinct(strategy, evaluate, space.size() if exhaustive else budget)
     search_s = time.perf_counter() - t0
     history = strategy.history
+    best = strategy.best
     failures: dict[str, int] = {}
     for _, r in history:
         if not r.ok:
@@ -228,8 +304,7 @@ def bench_case(
     bound = max(case.bytes / bandwidth, case.flops / rate if case.flops else 0.0)
     best_recipe: Recipe | None = best[0] if best else None
     best_s = best[1].score if best else math.inf
-    evaluated = max(len(history) - 1, 1)
-    per_candidate = search_s / evaluated
+    per_candidate = search_s / max(evaluate.measured - 1, 1)
     return {
         "family": case.family,
         "size": case.size,
@@ -246,9 +321,10 @@ def bench_case(
         "best_s": best_s,
         "best_iqr_s": best[1].iqr_s if best else None,
         "best_rel_err": best[1].max_rel_err if best else None,
-        "strategy": strategy_name,
+        "strategy": name,
         "space_size": space.size(),
-        "evaluated": len(history),
+        "evaluated": evaluate.measured,
+        "asked": len(history),
         "failures": failures,
         "first_error": first_error,
         "search_s": search_s,
@@ -256,8 +332,47 @@ def bench_case(
         "exhaustive_cost_s": per_candidate * space.size(),
         "prepare_s": prepared,
         "ratio_to_bound": best_s / bound if bound else math.nan,
+        "default_ratio_to_bound": first.score / bound if bound else math.nan,
         "speedup_vs_eager": eager / best_s if math.isfinite(best_s) and best_s > 0 else math.nan,
     }
+
+
+def sweep_case(case: Case, spec: str, *, cache: Path, worker: Worker, bandwidth: float,
+               repeats: int) -> dict[str, object]:
+    """Every distinct kernel of ``spec`` around the default recipe, measured; results best first."""
+    task = make_task(case.graph)
+    default = default_recipe(task.program, "cuda")
+    evaluate = Distinct(task, cache_dir=cache, worker=worker, repeats=repeats, timeout_s=60)
+    recipes = [default, *sweep_recipes(default, spec)]
+    t0 = time.perf_counter()
+    results = evaluate(recipes)
+    bound = case.bytes / bandwidth
+    rows = {str(r): (x.score, x.error_kind or "", x.error[:200]) for r, x in zip(recipes, results, strict=True)}
+    ranked = sorted(rows.items(), key=lambda kv: kv[1][0])
+    return {"family": case.family, "size": case.size, "bound_s": bound, "default_recipe": str(default),
+            "default_s": results[0].score, "measured": evaluate.measured, "wall_s": time.perf_counter() - t0,
+            "results": [{"recipe": r, "s": s, "ratio": s / bound, "error_kind": k, "error": e}
+                        for r, (s, k, e) in ranked]}
+
+
+def sweep_markdown(meta: dict[str, object], rows: list[dict[str, object]], top: int = 12) -> str:
+    lines = ["# Focused sweep of row-kernel recipes", "",
+             f"Device: {meta['device']}, {meta['date']}. Copy bandwidth {meta['copy_tbps']:.2f} TB/s. "
+             "Times in ms (median of CUDA-graph replays); ratio = time / DRAM bound.", ""]
+    for r in rows:
+        if "error" in r:
+            lines += [f"## {r['family']} {r['size']}: error: {r['error']}", ""]
+            continue
+        lines += [f"## {r['family']} {r['size']}: default {_ms(r['default_s'])} ms, bound {_ms(r['bound_s'])} ms, "
+                  f"{r['measured']} kernels in {r['wall_s']:.0f} s", "", "| ms | ratio | recipe |", "|---|---|---|"]
+        results: list[dict[str, object]] = r["results"]  # type: ignore[assignment]
+        for x in results[:top]:
+            lines.append(f"| {_ms(x['s'])} | {x['ratio']:.2f} | `{x['recipe']}` {x['error_kind']} |")
+        failed = [x for x in results if x["error_kind"]]
+        if failed:
+            lines.append(f"| | | {len(failed)} failed, e.g. {failed[0]['error_kind']}: {failed[0]['error']} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _ms(seconds: object) -> str:
@@ -276,7 +391,7 @@ def markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> str:
         "unless strategy is exhaustive).",
         "",
         "| family | size | eager | default | tuned best | bound | best/bound | eager/best | searched (strategy, "
-        "candidates, failed, wall s) | space | exhaustive cost s | best recipe |",
+        "distinct kernels, failed, wall s) | space | exhaustive cost s | best recipe |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -300,11 +415,14 @@ def markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--budget", type=int, default=24)
+    parser.add_argument("--budget", type=int, default=24, help="distinct kernels searched past the default")
+    parser.add_argument("--strategy", default="local", choices=("local", "random", "evolutionary"))
+    parser.add_argument("--cases", default="", help="comma-separated family or family:size patterns")
+    parser.add_argument("--sweep", action="append", default=[], help="CASES@SPEC: measure a focused product "
+                        "around the default recipe instead (repeatable)")
     parser.add_argument("--exhaustive-up-to", type=int, default=128, help="search spaces this small exhaustively")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of every family")
-    parser.add_argument("--only", default="", help="comma-separated family names")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/tunebank-bench-cache"))
     args = parser.parse_args()
     import cupy
@@ -325,33 +443,29 @@ def main() -> None:
     }
     print(json.dumps(meta), flush=True)
     rows: list[dict[str, object]] = []
-    only = {s for s in args.only.split(",") if s}
     args.out.mkdir(parents=True, exist_ok=True)
-    suffix = "_quick" if args.quick else ""
+    name = "gpu_sweep" if args.sweep else "gpu_transforms" + ("_quick" if args.quick else "")
+    render = sweep_markdown if args.sweep else markdown
+    jobs = [(case, spec) for patterns, _, spec in (w.partition("@") for w in args.sweep)
+            for case in selected(cases(args.quick), patterns)] if args.sweep else \
+        [(case, "") for case in selected(cases(args.quick), args.cases)]
     with Worker() as worker:
-        for case in cases(args.quick):
-            if only and case.family not in only:
-                continue
+        for case, spec in jobs:
             try:
-                row = bench_case(
-                    case,
-                    budget=args.budget,
-                    exhaustive_up_to=args.exhaustive_up_to,
-                    cache=args.cache,
-                    worker=worker,
-                    bandwidth=bandwidth,
-                    rate=rate,
-                    repeats=args.repeats,
-                )
+                if spec:
+                    row = sweep_case(case, spec, cache=args.cache, worker=worker, bandwidth=bandwidth,
+                                     repeats=args.repeats)
+                else:
+                    row = bench_case(case, budget=args.budget, strategy_name=args.strategy,
+                                     exhaustive_up_to=args.exhaustive_up_to, cache=args.cache, worker=worker,
+                                     bandwidth=bandwidth, rate=rate, repeats=args.repeats)
             except Exception as e:  # one family's failure is a row, not the end of the benchmark
                 row = {"family": case.family, "size": case.size, "error": f"{type(e).__name__}: {e}"}
             rows.append(row)
-            print(json.dumps(row, default=str), flush=True)
-            (args.out / f"gpu_transforms{suffix}.json").write_text(
-                json.dumps({"meta": meta, "rows": rows}, indent=1, default=str)
-            )
-            (args.out / f"gpu_transforms{suffix}.md").write_text(markdown(meta, rows))
-    print(markdown(meta, rows))
+            print(json.dumps(row, default=str)[:2000], flush=True)
+            (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+            (args.out / f"{name}.md").write_text(render(meta, rows))
+    print(render(meta, rows))
 
 
 if __name__ == "__main__":

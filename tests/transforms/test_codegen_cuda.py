@@ -91,10 +91,10 @@ def test_registers_mode_reads_each_input_once_with_16_byte_words() -> None:
     code = generate(apply_recipe(parse("fuse(all);threads(256);reduce(block);row_mode(registers);vectorize(8)"),
                     _softmax(64, 128)), "cuda")
     (launch,) = code.launches
-    assert (launch.grid, launch.block) == ((1, 1, 1), (256, 1, 1))  # 4 lanes of 4 x 8 halves per row: 64 rows a block
-    assert code.code.count("*(const uint4*)((const char*)(b0") == 4 and code.code.count("*(uint4*)") == 4  # per chunk
+    assert (launch.grid, launch.block) == ((2, 1, 1), (256, 1, 1))  # 8 lanes of 2 x 8 halves per row: 32 rows a block
+    assert code.code.count("*(const uint4*)((const char*)(b0") == 2 and code.code.count("*(uint4*)") == 2  # per chunk
     assert "b2[" not in code.code and "b3[" not in code.code  # max and sum never leave registers
-    assert code.code.count("__shfl_xor_sync(0xffffffffu, acc") == 4  # 2 sub-warp levels for each reduction
+    assert code.code.count("__shfl_xor_sync(0xffffffffu, acc") == 6  # 3 sub-warp levels for each reduction
     ln = lower(_add_layernorm(8, 768))
     text = generate(apply_recipe(parse("fuse(all);threads(256);reduce(block);row_mode(registers);vectorize(8)"), ln),
                     "cuda").code
@@ -121,6 +121,71 @@ def test_online_mode_merges_max_and_sum_into_one_pass() -> None:
     assert fits.split("tb_kernel0")[1].count("(const uint4*)((const char*)(b0") == 4  # 4 unrolled chunks, once
 
 
+def _layernorm(rows: int, cols: int, dtype: str = "float16"):  # type: ignore[no-untyped-def]
+    b = GraphBuilder("ln")
+    x, w, bias = b.input("x", (rows, cols), dtype), b.input("w", (cols,), dtype), b.input("b", (cols,), dtype)
+    return lower(b.build([b.node("layer_norm", [x, w, bias], (rows, cols), dtype, name="out", axes=[1], eps=1e-5)]))
+
+
+def test_registers_mode_reuses_per_element_values_and_multiplies_by_reciprocals() -> None:
+    text = generate(apply_recipe(parse("fuse(all);threads(256);reduce(block);row_mode(registers);vectorize(8)"),
+                    _softmax(64, 128)), "cuda").code
+    assert text.count("k_fexp((v") == 16  # exp(x - max) once per element: the sum's values feed the output
+    assert re.search(r"const float q\d+ = \(\(float\)1 / r\d+\);", text)  # 1 / sum, once per row
+    assert " / r" not in text.split("(float)1 / r")[1]  # every output multiplies by it
+
+
+def test_rows_per_block_sets_the_lanes_of_register_rows() -> None:
+    program = _layernorm(64, 768)
+    fit = generate(apply_recipe(parse("fuse(all);threads(256);reduce(block);row_mode(registers)"), program), "cuda")
+    four = generate(apply_recipe(parse("fuse(all);threads(256);reduce(block);rows_per_block(4);row_mode(registers)"),
+                                 program), "cuda")
+    assert "tid / 32;" in fit.code and fit.launches[0].grid == (8, 1, 1)  # 32 lanes hold 768: 8 rows a block
+    assert "tid / 64;" in four.code and four.launches[0].grid == (16, 1, 1)  # 64 lanes: 4 rows a block
+
+
+def test_online_mode_runs_mean_and_variance_as_one_welford_pass() -> None:
+    recipe = "fuse(all);threads(256);reduce(block);row_mode({});vectorize(8)"
+    online = generate(apply_recipe(parse(recipe.format("online")), _layernorm(4, 8192)), "cuda").code
+    stream = generate(apply_recipe(parse(recipe.format("stream")), _layernorm(4, 8192)), "cuda").code
+    assert online.split("tb_kernel0")[1].count("(const uint4*)((const char*)(b0") == 2 and "k_welford(" in online
+    assert stream.split("tb_kernel0")[1].count("(const uint4*)((const char*)(b0") == 3
+
+
+def test_shared_mode_reads_the_row_once_and_falls_back_past_the_limit() -> None:
+    recipe = "fuse(all);threads({});reduce(block);rows_per_block({});row_mode(shared);vectorize(8)"
+    kernel = generate(apply_recipe(parse(recipe.format(512, 1)), _softmax(4, 32000)), "cuda")
+    body = kernel.code.split("tb_kernel0")[1]
+    assert body.count("(const uint4*)((const char*)(b0") == 1 and body.count("(k_smem + 0 +") == 2
+    assert kernel.launches[0].shared_bytes == 8 * 512 * 8 * 2  # 8 chunks of 512 lanes x 8 halves
+    ln = generate(apply_recipe(parse(recipe.format(256, 1)), _layernorm(4, 8192)), "cuda")
+    assert ln.launches[0].shared_bytes == 8192 * 2 and "k_welford(" in ln.code  # x only: w and b stay global
+    wide = generate(apply_recipe(parse(recipe.format(1024, 2)), lower(_cross_entropy(4, 65536))), "cuda")
+    assert all(launch.shared_bytes == 0 for launch in wide.launches) and "k_smem" not in wide.code  # one pass
+    big = generate(apply_recipe(parse(recipe.format(1024, 2)), _softmax(4, 65536)), "cuda")
+    assert big.launches[0].shared_bytes == 0 and "k_online(" in big.code  # 2 x 128 KB: online instead
+
+
+def test_block_rows_fold_warps_with_shuffles_and_registers_fall_back_to_shared() -> None:
+    wide = generate(apply_recipe(parse("fuse(all);threads(512);reduce(block);row_mode(registers);vectorize(8)"),
+                                 _softmax(4, 32000)), "cuda")
+    assert wide.launches[0].shared_bytes > 0 and "k_smem" in wide.code  # too long for registers: shared rows
+    assert "for (int w" not in wide.code and "+ tid % 16];" in wide.code  # 16 warps: 4 more shuffle levels
+
+
+def test_exp_is_approximate_only_for_half_outputs() -> None:
+    half = generate(apply_recipe(parse("fuse(all);row_mode(online)"), _softmax(4, 1000)), "cuda").code
+    single = generate(apply_recipe(parse("fuse(all);row_mode(online)"), lower(_cross_entropy(4, 1000))), "cuda").code
+    assert "ex2.approx" in half and "expf(" not in half.split("k_online")[1].split("tb_kernel0")[0]
+    assert "k_fexp" not in single and "expf(" in single
+
+
+def test_single_row_groups_take_a_full_block() -> None:
+    kernel = generate(apply_recipe(parse("fuse(all);threads(128);reduce(block);unroll(4)"),
+                                   lower(_cross_entropy(64, 1000))), "cuda")
+    assert [launch.block for launch in kernel.launches] == [(128, 1, 1), (1024, 1, 1)]  # the mean over rows
+
+
 def test_inline_gather_drops_the_log_probabilities() -> None:
     program = lower(_cross_entropy(16, 1000))
     inlined = inline_gathers(program)
@@ -136,7 +201,7 @@ def test_inline_gather_drops_the_log_probabilities() -> None:
 def test_row_kernels_compile_for_every_mode(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
     program = make()
     recipes = [f"fuse(all);threads({t});reduce({r});rows_per_block(2);row_mode({m});vectorize({v});unroll(2)"
-               for m in ("registers", "online", "stream") for v in (1, 8) for t, r in
+               for m in ("registers", "online", "stream", "shared") for v in (1, 8) for t, r in
                ((64, "lanes,4"), (128, "warp"), (1024, "block"), (32, "thread"))]
     sources = [Source(generate(apply_recipe(parse(r), program), "cuda").code, "cuda") for r in recipes]
     results = build(sources, cache_dir=tmp_path)
@@ -159,11 +224,29 @@ def test_generated_cuda_validates_on_the_gpu(tmp_path: Path, recipe: str) -> Non
 
 ROW_RECIPES = [
     "fuse(all);threads(256);reduce(block);row_mode(registers);vectorize(8)",
+    "fuse(all);threads(256);reduce(block);rows_per_block(4);row_mode(registers);vectorize(4)",
+    "fuse(all);threads(512);reduce(block);row_mode(shared);vectorize(8);unroll(2)",
+    "fuse(all);threads(128);reduce(warp);rows_per_block(2);row_mode(shared);vectorize(4)",
     "fuse(all);threads(128);reduce(lanes,8);row_mode(registers);vectorize(4)",
     "fuse(all);threads(1024);reduce(block);row_mode(online);vectorize(8);inline(gather)",
     "fuse(all);threads(64);reduce(warp);rows_per_block(2);row_mode(stream);vectorize(2);unroll(2)",
     "fuse(all);threads(32);reduce(thread);row_mode(registers);vectorize(1)",
 ]
+
+
+@needs_gpu
+@pytest.mark.parametrize("recipe", ["", "fuse(all);threads(256);reduce(block);row_mode(online);vectorize(8)",
+                                    "fuse(all);threads(512);reduce(block);row_mode(shared);vectorize(4);unroll(2)"])
+def test_wide_rows_validate_on_the_gpu(tmp_path: Path, recipe: str) -> None:
+    from tests.transforms.kernels import measure
+
+    b = GraphBuilder("ln")
+    x, w, bias = b.input("x", (32, 8192), "float16"), b.input("w", (8192,), "float16"), b.input("b", (8192,), "float16")
+    ln = b.build([b.node("layer_norm", [x, w, bias], (32, 8192), "float16", name="out", axes=[1], eps=1e-5)])
+    graphs = [single("softmax", [("x", (48, 32000), "float16")], (48, 32000), "float16", axis=-1), ln,
+              _cross_entropy(16, 32000)]  # rows past registers: shared or online, Welford for the layernorm
+    results = [measure(g, [recipe], tmp_path, backend="cuda")[0] for g in graphs]
+    assert [(x.error_kind, x.error[:200]) for x in results if not x.ok] == []
 
 
 @needs_gpu

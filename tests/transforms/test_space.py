@@ -62,3 +62,17 @@ def test_mutate_brings_foreign_recipes_into_the_space() -> None:
     child = space.mutate(parse("tile(p0,999);threads(64)"), random.Random(1))
     assert isinstance(child, Recipe) and len(child) == len(space.dims)
     assert all(step in options for step, options in zip(child, space.dims, strict=True))
+
+
+def test_cuda_defaults_follow_the_rows() -> None:
+    def threads(program) -> str:  # type: ignore[no-untyped-def]
+        return next(str(s) for s in default_recipe(program, "cuda") if s.name == "threads")
+
+    wide = lower(single("softmax", [("x", (4, 32000), "float16")], (4, 32000), "float16", axis=-1))
+    b = GraphBuilder("bias_gelu")
+    x, bias = b.input("x", (8, 3072), "float16"), b.param("bias", (3072,), "float16")
+    s = b.node("add", [x, bias], (8, 3072), "float16")
+    gelu = lower(b.build([b.node("gelu", [s], (8, 3072), "float16", name="out", approximate="none")]))
+    assert threads(wide) == "threads(512)" and threads(gelu) == "threads(128)"  # long rows; pointwise rows
+    assert threads(PROGRAMS["reduction"]()) == threads(PROGRAMS["layout"]()) == "threads(256)"
+    assert "unroll(4)" in str(default_recipe(wide, "cuda")) and "unroll(1)" in str(default_recipe(wide, "cpu"))

@@ -7,7 +7,10 @@ strided across the lanes (each lane then reduces serially); a member with only r
 flattened reduction space across the lanes and folds the partials with ``__shfl_xor_sync`` (and shared
 memory across warps when L > 32). Members are separated by ``__syncwarp`` / ``__syncthreads``, so later
 members see what earlier ones wrote. Groups without reductions use one thread per row point.
-Half floats travel as raw 16 bits converted with PTX ``cvt``; no CUDA header is needed. With ``row_mode`` set,
+A group with a single row (a whole-tensor reduction) always gets a block of :data:`MAX_THREADS` lanes.
+Half floats travel as raw 16 bits converted with PTX ``cvt``; no CUDA header is needed. Where every output is a
+16-bit float, ``exp`` is PTX ``ex2.approx`` (relative error near 1e-7, far below what those outputs keep). With
+``row_mode`` set,
 groups of row shape run as row kernels instead (vector accesses, rows in registers: ``cuda_rows``); with ``stage``
 set, strided pointwise nests go through shared-memory tiles (tiled transposes: ``cuda_stage``).
 """
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-from embed.loopnest import Dim, LoopNest
+from embed.ir import DType
+from embed.loopnest import Call, Dim, LoopNest
 from transforms.codegen.cuda_rows import RowEmitter, plan_rows
 from transforms.codegen.cuda_stage import emit_staged, plan_group
 from transforms.codegen.expr import STORAGE_C, Printer, combine, extents, literal, prelude
@@ -41,17 +45,39 @@ __device__ static inline void k_online(T& m, T& s, T m2, T s2) {
   s = (m == mn ? s : s * EXP(m - mn)) + (m2 == mn ? s2 : s2 * EXP(m2 - mn));
   m = mn;
 }
+__device__ static inline void k_welford(T& n, T& m, T& q, T n2, T m2, T q2) {
+  if (n2 == (T)0) return;
+  const T all = n + n2, d = m2 - m, f = n2 / all;
+  m += d * f; q += q2 + d * d * n * f; n = all;
+}
+"""
+_FAST_EXP = """
+__device__ static inline float k_fexp(float x) {
+  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f)); return y;
+}
 """
 DEFAULT_THREADS = 256
+MAX_THREADS = 1024
 
 
 class _HookedPrinter(Printer):
-    """A printer whose loads a row emitter may take over (register-held values, vector loads)."""
+    """A printer whose loads and expressions a row emitter may take over (register-held values, vector loads),
+    printing ``exp`` as ``exp_name`` when set."""
 
     rows: RowEmitter | None = None
+    exp_name: str = ""
 
     def load(self, access, env, extents):  # type: ignore[no-untyped-def]
         return self.rows.load(access, env, extents) if self.rows else super().load(access, env, extents)
+
+    def expr(self, expr, env, extents, acc=None):  # type: ignore[no-untyped-def]
+        return self.rows.expr(expr, env, extents, acc) if self.rows else self.plain(expr, env, extents, acc)
+
+    def plain(self, expr, env, extents, acc=None):  # type: ignore[no-untyped-def]
+        """``Printer.expr`` (its operands through ``expr``), with ``exp_name`` for ``exp``."""
+        if self.exp_name and isinstance(expr, Call) and expr.op == "exp":
+            return f"{self.exp_name}({self.expr(expr.args[0], env, extents, acc)})"
+        return super().expr(expr, env, extents, acc)
 
 
 def generate_cuda(schedule: Schedule) -> Kernel:
@@ -69,8 +95,12 @@ class _CudaGen:
         context = codegen_context(schedule.program)
         self.ctype, self.sig, self.buffers = context.ctype, context.sig, context.buffers
         self.p = _HookedPrinter(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
+        half = all(self.buffers[n].dtype in (DType.FLOAT16, DType.BFLOAT16) for n in schedule.program.outputs)
+        self.exp = "k_fexp" if half and self.ctype == "float" else "expf" if self.ctype == "float" else "exp"
+        self.p.exp_name = self.exp if self.exp == "k_fexp" else ""
         self.lines: list[str] = []
         self.fresh = 0
+        self.shared_bytes = 0  # dynamic shared memory of the group being generated
 
     def var(self, prefix: str) -> str:
         self.fresh += 1
@@ -86,20 +116,21 @@ class _CudaGen:
             ctype = self.ctype if arg.kind == "scratch" else STORAGE_C[self.buffers[name].dtype]
             const = "const " if arg.kind == "input" else ""
             params.append(f"{const}{ctype}* __restrict__ {arg.name}")
-        online = _ONLINE.replace("EXP", "expf" if self.ctype == "float" else "exp").replace("T", self.ctype)
-        head = [_CUDA_HEAD, prelude(self.ctype, "__device__ static inline"), online]
+        online = _ONLINE.replace("EXP", self.exp).replace("T", self.ctype)
+        head = [_CUDA_HEAD, prelude(self.ctype, "__device__ static inline"), _FAST_EXP if self.p.exp_name else "",
+                online]
         for name in self.sig.consts:
             b = self.buffers[name]
             values = ", ".join(literal(v, self.ctype) for v in b.value or ())
             head.append(f"__device__ const {self.ctype} {self.sig.names[name]}[{b.numel}] = {{{values}}};")
         bodies, launches = [], []
         for k, group in enumerate(self.s.groups):
-            self.lines = []
+            self.lines, self.shared_bytes = [], 0
             grid, block = self.group(group)
             entry = f"tb_kernel{k}"
             bodies.append(f'extern "C" __global__ void __launch_bounds__({block}) {entry}({", ".join(params)}) '
                           f'{{\n' + "\n".join(self.lines) + "\n}")
-            launches.append(Launch(entry, self.sig.args, (grid, 1, 1), (block, 1, 1)))
+            launches.append(Launch(entry, self.sig.args, (grid, 1, 1), (block, 1, 1), self.shared_bytes))
         return Kernel("cuda", "\n".join(head) + "\n" + "\n\n".join(bodies) + "\n", tuple(launches))
 
     def lanes(self, g: Group) -> tuple[int, int]:
@@ -132,8 +163,10 @@ class _CudaGen:
             elif self.columns(g.members[0]) > 1 and len(g.nests) == 1 and g.depth > 1:
                 g = Group(g.nests, g.depth - 1, g.program)  # sparse(csr,V): the columns go across the lanes
             lanes, threads = self.lanes(g)
-        per_block = threads // lanes
         rows = math.prod(g.row_extent(r) for r in g.rows)
+        if plan is None and rows == 1 and lanes > 1:  # one block does all the work: give it every lane
+            lanes = threads = MAX_THREADS
+        per_block = threads // lanes
         self.line("const idx_t tid = threadIdx.x;")
         self.line(f"const idx_t row = (idx_t)blockIdx.x * {per_block} + tid / {lanes};")
         self.line(f"const int lane = (int)(tid % {lanes});")
@@ -152,6 +185,7 @@ class _CudaGen:
             env[role] = v
         frame = [d.name for d in g.frame.parallel[: g.depth]]
         if plan is not None:
+            self.shared_bytes = plan.shared_bytes
             self.p.rows = RowEmitter(plan, self)
             self.p.rows.emit(env, frame)
             self.p.rows = None

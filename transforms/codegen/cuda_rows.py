@@ -8,31 +8,42 @@ innermost row dim for this. Each row gets ``L`` lanes; a lane owns ``V`` consecu
 words when contiguous and aligned (checked on the index expressions; scalar accesses otherwise).
 
 Modes: ``registers`` unrolls the chunks and keeps every value it loads or computes per lane in registers,
-so each member reuses what earlier members read (each input byte is read once) and temporaries that never
-leave the group are never stored; when a lane would hold more than :data:`MAX_REGISTER_ELEMS` elements it
-falls back to ``online``; with ``reduce(block)`` it takes the fewest lanes (at least 4) that hold the row
-when the block's lanes suffice (measured: 1024 lanes holding a 32000-wide row lose to 256 streaming online).
-``online`` streams the row per member, but a max reduction followed by a sum of
-``exp(x - max)`` over the same values runs as one pass with rescaling. ``stream`` streams every member.
+so each member reuses what earlier members read (each input byte is read once), values a reduction computed
+per element (``exp(x - max)``) are reused by later members, and temporaries that never leave the group are
+never stored; when a lane would hold more than :data:`MAX_REGISTER_ELEMS` elements it falls back to ``shared``
+(itself ``online`` past the shared-memory limit); with ``reduce(block)`` and ``rows_per_block(1)`` it takes the
+fewest lanes (at least 4) that hold the row at 16 elements a lane, for rows a warp can hold that way, else at
+:data:`MAX_REGISTER_ELEMS` (measured on an H200: 8 lanes beat 4 on 128 halves; 1024 lanes holding a 32000-wide
+row lose to 256 streaming online); ``rows_per_block(R > 1)`` gives each row ``threads / R`` lanes.
+``online`` streams the row per member, but two reductions that one pass can do run as one: a max followed by a
+sum of ``exp(x - max)`` over the same values (rescaling the sum), and a mean followed by a sum of squared
+deviations from it (Welford / Chan merges of per-chunk (count, mean, M2)). ``stream`` streams every member.
+``shared`` runs like ``online`` but the first pass over an input that later passes read again also copies its
+words into dynamic shared memory, where each lane re-reads its own words (no barrier needed): the input leaves
+device memory once. It falls back to ``online`` when the copies would exceed :data:`MAX_SHARED_BYTES` a block.
 Per-row scalars (reduction results) live in registers in every mode; lanes combine with sub-warp or warp
-shuffles and, for ``L > 32``, shared memory.
+shuffles and, for ``L > 32``, the warps' results again with shuffles through shared memory. A division by a
+per-row value is a multiplication by its reciprocal.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from embed.ir import DType
-from embed.loopnest import Access, Affine, BufferKind, Call, Combiner, Load, LoopNest
-from transforms.codegen.expr import Printer, combine, extents, literal
+from embed.loopnest import Acc, Access, Affine, BufferKind, Call, Combiner, Const, Expr, Load, LoopNest, walk
+from transforms.codegen.expr import Env, Printer, combine, extents, literal
 from transforms.schedule import Group, Schedule
 
-MODES = ("registers", "online", "stream")
+MODES = ("registers", "online", "stream", "shared")
 MAX_REGISTER_ELEMS = 32
+MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory one block may use on sm_90 (the runner raises the limit)
 _VECTOR_DTYPES = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2}
 _PIECES = {16: ("uint4", "xyzw"), 8: ("uint2", "xy"), 4: ("unsigned int", "")}
 INNER = "@inner"
+_NAMED = re.compile(r"[A-Za-z_]\w*(\[\d+\])?")
 
 
 @dataclass
@@ -46,12 +57,21 @@ class RowPlan:
     vector: int
     chunks: int
     registers: bool
-    online: frozenset[int]  # member k starts an online (max, sum-exp) pair with member k + 1
+    pairs: dict[int, str]  # member k starts a one-pass pair ("softmax" | "welford") with member k + 1
     kept: frozenset[str]  # buffers whose values stay in registers inside the group
+    staged: dict[str, int] = field(default_factory=dict)  # shared mode: input -> byte offset of its copies
 
     @property
     def threads(self) -> int:
         return self.lanes * self.per_block
+
+    def row_bytes(self, dtype: DType) -> int:
+        """Shared-memory bytes one row's copy of a staged input of ``dtype`` takes."""
+        return self.chunks * self.lanes * self.vector * _VECTOR_DTYPES[dtype]
+
+    @property
+    def shared_bytes(self) -> int:
+        return sum(self.per_block * self.row_bytes(self.group.program.buffers[t].dtype) for t in self.staged)
 
 
 def row_group(g: Group) -> Group | None:
@@ -73,6 +93,11 @@ def row_group(g: Group) -> Group | None:
             return None
         sizes.add(_inner(m, g.depth))
     return g if len(sizes) == 1 else None
+
+
+def row_length(g: Group) -> int:
+    """The inner extent of a group in row form (see :func:`row_group`)."""
+    return _inner(g.members[0], g.depth)
 
 
 def _inner(m: LoopNest, depth: int) -> int:
@@ -101,11 +126,11 @@ def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | N
         lanes = min(threads, vectors)
         lanes = 1 << (lanes - 1).bit_length() if lanes <= 32 else -(-lanes // 32) * 32
     elif schedule.row_mode == "registers" and schedule.reduce not in ("thread", "warp", "lanes"):
-        # block mode holding rows: the fewest lanes (at least 4) that hold the row, when the block's lanes can
-        # (more rows per SM, more loads in flight); else the block's lanes, streaming online
-        fit = max(4, 1 << (-(-n // MAX_REGISTER_ELEMS) - 1).bit_length())
+        # block mode holding rows, one row per block asked: the fewest lanes (at least 4) that hold the row, when
+        # the block's lanes can (more rows per SM, more loads in flight); else the block's lanes
+        fit = max(_fit(n, MAX_REGISTER_ELEMS), min(_fit(n, MAX_REGISTER_ELEMS // 2), 32))
         lanes = max(32, threads // max(schedule.rows_per_block, 1) // 32 * 32)
-        lanes = min(fit if fit <= lanes else lanes, 1 << (vectors - 1).bit_length())
+        lanes = min(fit if fit <= lanes and schedule.rows_per_block <= 1 else lanes, 1 << (vectors - 1).bit_length())
     else:
         mode = schedule.reduce
         lanes = {"thread": 1, "warp": 32, "lanes": schedule.lanes}.get(
@@ -114,21 +139,72 @@ def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | N
     per_block = max(1, threads // lanes)
     chunks = -(-n // (lanes * v))
     registers = schedule.row_mode == "registers" and chunks * v <= MAX_REGISTER_ELEMS
-    online = frozenset() if registers or schedule.row_mode == "stream" else _online_pairs(rg.members)
-    return RowPlan(rg, n, lanes, per_block, v, chunks, registers, online, _kept(rg, registers))
+    pairs = {} if registers or schedule.row_mode == "stream" else _pairs(rg.members, n)
+    plan = RowPlan(rg, n, lanes, per_block, v, chunks, registers, pairs, _kept(rg, registers))
+    if schedule.row_mode in ("registers", "shared") and not registers:
+        plan.staged = _staged(plan)
+    return plan
 
 
-def _online_pairs(members: tuple[LoopNest, ...]) -> frozenset[int]:
-    """Members k where k is ``m = max(x)`` and k + 1 is ``sum(exp(x - m))`` over the same x."""
-    out = set()
+def _fit(n: int, per_lane: int) -> int:
+    """The fewest lanes, a power of two and at least 4, that hold ``n`` elements at ``per_lane`` each."""
+    return max(4, 1 << (-(-n // per_lane) - 1).bit_length())
+
+
+def _pairs(members: tuple[LoopNest, ...], n: int) -> dict[int, str]:
+    """Members k that start a one-pass pair with k + 1 over the same x: "softmax" when k is ``m = max(x)`` and
+    k + 1 ``sum(exp(x - m))``; "welford" when k is ``m = sum(x) / n`` and k + 1 ``sum((x - m) * (x - m))``."""
+    out: dict[int, str] = {}
     for k in range(len(members) - 1):
         a, b = members[k].statement, members[k + 1].statement
-        if a.combiner != Combiner.MAX or b.combiner != Combiner.SUM or a.epilogue is not None or k - 1 in out:
+        if k - 1 in out or members[k].dims != members[k + 1].dims or b.combiner != Combiner.SUM:
             continue
-        want = Call("exp", (Call("sub", (a.body, Load(a.write))),))
-        if b.body == want and members[k].dims == members[k + 1].dims:
-            out.add(k)
-    return frozenset(out)
+        deviation = Call("sub", (a.body, Load(a.write)))
+        if a.combiner == Combiner.MAX and a.epilogue is None and b.body == Call("exp", (deviation,)):
+            out[k] = "softmax"
+        elif a.combiner == Combiner.SUM and a.epilogue == Call("div", (Acc(), Const(float(n)))) and \
+                b.body == Call("mul", (deviation, deviation)):
+            out[k] = "welford"
+    return out
+
+
+def _passes(plan: RowPlan) -> list[tuple[int, tuple[LoopNest, ...]]]:
+    """The group's members as the passes over the row that the plan makes (a pair is one pass), each with the
+    index of its first member."""
+    members, out, k = plan.group.members, [], 0
+    while k < len(members):
+        span = 2 if k in plan.pairs else 1
+        out.append((k, members[k: k + span]))
+        k += span
+    return out
+
+
+def _staged(plan: RowPlan) -> dict[str, int]:
+    """Shared mode: byte offsets of the inputs worth copying to shared memory (read by two passes or more, in
+    the same row-dependent, vectorizable way), or {} when those copies would not fit."""
+    g, depth = plan.group, plan.group.depth
+    written = {m.statement.write.tensor for m in g.members}
+    reads: dict[str, set[tuple[Affine, ...]]] = {}
+    passes: dict[str, int] = {}
+    for _, span in _passes(plan):
+        seen = set()
+        for m in span:
+            inner = _inner_name(m, depth)
+            for a in m.loads():
+                rows = {d.name for d in m.parallel[:depth]}
+                if inner in a.dims() and a.dims() & rows and a.tensor not in written:
+                    buf = g.program.buffers[a.tensor]
+                    ok = a.fill is None and vectorizable(a, buf.shape, buf.dtype, inner, plan.vector)
+                    reads.setdefault(a.tensor, set()).add(_canonical(a, m, depth) if ok else ())
+                    seen.add(a.tensor)
+        for t in seen:
+            passes[t] = passes.get(t, 0) + 1
+    chosen = [t for t, count in passes.items() if count > 1 and len(reads[t]) == 1 and () not in reads[t]]
+    offsets, total = {}, 0
+    for t in chosen:
+        offsets[t] = total
+        total += plan.per_block * plan.row_bytes(g.program.buffers[t].dtype)
+    return offsets if total <= MAX_SHARED_BYTES else {}
 
 
 def _kept(g: Group, registers: bool) -> frozenset[str]:
@@ -203,6 +279,8 @@ class RowEmitter:
     kc: str = ""
     guard: str = ""
     inner: str = ""
+    fetching: set[str] = field(default_factory=set)  # staged inputs this pass copies to shared memory
+    fetched: set[str] = field(default_factory=set)  # staged inputs already in shared memory
 
     def __post_init__(self) -> None:
         self.p = self.gen.p  # type: ignore[attr-defined]
@@ -220,27 +298,23 @@ class RowEmitter:
     def emit(self, env: dict[str, str], frame: list[str]) -> None:
         plan, g = self.plan, self.plan.group
         if plan.lanes > 32:
-            self.line(f"__shared__ {self.ctype} k_part[{2 * plan.threads // 32}];")
+            self.line(f"__shared__ {self.ctype} k_part[{3 * plan.threads // 32}];")
+        if plan.staged:
+            self.line("extern __shared__ __align__(16) unsigned char k_smem[];")
         if plan.registers:
             for c in range(plan.chunks):
                 self.line(f"const idx_t kc{c} = {c * plan.lanes * plan.vector} + (idx_t)lane * {plan.vector};")
         written: set[str] = set()
-        skip = False
-        for k, nest in enumerate(g.members):
-            if skip:
-                skip = False
-                continue
-            reads = {a.tensor for a in nest.loads()} | ({a.tensor for a in g.members[k + 1].loads()}
-                                                       if k in plan.online else set())
-            if reads & written:
+        for k, span in _passes(plan):
+            if {a.tensor for m in span for a in m.loads()} & written:
                 self.line("__syncthreads();" if plan.lanes > 32 else "__syncwarp();" if plan.lanes > 1 else "")
                 written.clear()
+            nest = span[0]
             own = {d.name: env[frame[i]] for i, d in enumerate(nest.parallel[: g.depth])}
             self.inner = _inner_name(nest, g.depth)
-            if k in plan.online:
-                self.online(nest, g.members[k + 1], own)
-                skip = True
-                for m in (nest, g.members[k + 1]):
+            if len(span) == 2:
+                (self.online if plan.pairs[k] == "softmax" else self.welford)(*span, own)
+                for m in span:
                     written |= self.result_written(m)
             elif nest.statement.combiner is not None:
                 self.reduction(nest, own)
@@ -249,6 +323,7 @@ class RowEmitter:
                 self.pointwise(nest, own)
                 if nest.statement.write.tensor not in plan.kept:
                     written.add(nest.statement.write.tensor)
+            self.fetched |= self.fetching
 
     def result_written(self, nest: LoopNest) -> set[str]:
         t = nest.statement.write.tensor
@@ -338,8 +413,7 @@ class RowEmitter:
         self.line(f"{self.ctype} {acc} = {literal(st.combiner.identity, self.ctype)};")
 
         def body() -> None:
-            vals = self.values(st.body, env, ext)
-            self.flush()
+            vals = [self.keep(v) for v in self.values(st.body, env, ext)]
             self.guarded(" ".join(combine(st.combiner.value, acc, v) for v in vals))  # type: ignore[union-attr]
 
         self.chunks(body)
@@ -363,7 +437,7 @@ class RowEmitter:
             chunk_max = xs[0]
             for x in xs[1:]:
                 chunk_max = f"k_max({chunk_max}, {x})"
-            exp = "expf" if self.ctype == "float" else "exp"
+            exp = self.gen.exp  # type: ignore[attr-defined]
             total = " + ".join(f"{exp}({x} - {cm})" for x in xs)
             self.guarded(f"const {self.ctype} {cm} = {chunk_max}; const {self.ctype} {cs} = {total}; "
                          f"k_online({m}, {s}, {cm}, {cs});")
@@ -373,15 +447,33 @@ class RowEmitter:
         self.result(first, env, m)
         self.result(second, env, s)
 
+    def welford(self, first: LoopNest, second: LoopNest, env: dict[str, str]) -> None:
+        """A mean and the sum of squared deviations from it in one pass: each chunk's (count, mean, M2) merged
+        into the lane's with Chan's formula (``k_welford``), then across lanes the same way."""
+        ext, t = extents(first), self.ctype
+        n, m, q = self.var("wn"), self.var("wm"), self.var("wq")
+        zero = literal(0.0, t)
+        self.line(f"{t} {n} = {zero}, {m} = {zero}, {q} = {zero};")
+
+        def body() -> None:
+            xs = [self.keep(v) for v in self.values(first.statement.body, env, ext)]
+            cm, cq = self.var("cm"), self.var("cq")
+            width = len(xs)
+            squares = " + ".join(f"({x} - {cm}) * ({x} - {cm})" for x in xs)
+            self.guarded(f"const {t} {cm} = ({' + '.join(xs)}) * {literal(1 / width, t)}; const {t} {cq} = {squares}; "
+                         f"k_welford({n}, {m}, {q}, {literal(width, t)}, {cm}, {cq});")
+
+        self.chunks(body)
+        self.fold([n, m, q], lambda a, b: f"k_welford({a[0]}, {a[1]}, {a[2]}, {b[0]}, {b[1]}, {b[2]});")
+        self.result(first, env, f"({m} * {n})")
+        self.result(second, env, q)
+
     def fold(self, accs: list[str], merge: object) -> None:
-        """Combine the per-lane ``accs`` across the row's lanes; every lane ends with the row's values."""
+        """Combine the per-lane ``accs`` across the row's lanes; every lane ends with the row's values. Past a
+        warp, each warp's first lane leaves its values in shared memory; every group of ``warps per row`` lanes
+        then reads all of the row's and folds them again with shuffles."""
         lanes = self.plan.lanes
-        for offset in (16, 8, 4, 2, 1):
-            if offset < min(lanes, 32):
-                others = [f"__shfl_xor_sync(0xffffffffu, {a}, {offset})" for a in accs]
-                tmp = [self.var("y") for _ in accs]
-                decl = " ".join(f"const {self.ctype} {t} = {o};" for t, o in zip(tmp, others, strict=True))
-                self.line(f"{{ {decl} {merge(accs, tmp)} }}")  # type: ignore[operator]
+        self.shuffle(accs, merge, min(lanes, 32))
         if lanes <= 32:
             return
         warps, per = self.plan.threads // 32, lanes // 32
@@ -389,10 +481,18 @@ class RowEmitter:
             f"k_part[{i * warps} + tid / 32] = {a};" for i, a in enumerate(accs)) + " }")
         self.line("__syncthreads();")
         first = f"(tid / {lanes}) * {per}"
-        self.line(" ".join(f"{a} = k_part[{i * warps} + {first}];" for i, a in enumerate(accs)))
-        parts = [f"k_part[{i * warps} + {first} + w]" for i in range(len(accs))]
-        self.line(f"for (int w = 1; w < {per}; w++) {{ {merge(accs, parts)} }}")  # type: ignore[operator]
+        self.line(" ".join(f"{a} = k_part[{i * warps} + {first} + tid % {per}];" for i, a in enumerate(accs)))
+        self.shuffle(accs, merge, per)
         self.line("__syncthreads();")
+
+    def shuffle(self, accs: list[str], merge: object, width: int) -> None:
+        """Fold ``accs`` across groups of ``width`` (a power of two up to 32) lanes with xor shuffles."""
+        for offset in (16, 8, 4, 2, 1):
+            if offset < width:
+                others = [f"__shfl_xor_sync(0xffffffffu, {a}, {offset})" for a in accs]
+                tmp = [self.var("y") for _ in accs]
+                decl = " ".join(f"const {self.ctype} {t} = {o};" for t, o in zip(tmp, others, strict=True))
+                self.line(f"{{ {decl} {merge(accs, tmp)} }}")  # type: ignore[operator]
 
     def result(self, nest: LoopNest, env: dict[str, str], acc: str) -> None:
         """Apply the epilogue in every lane; keep the value in a register and store it where it is needed."""
@@ -407,6 +507,40 @@ class RowEmitter:
             if _local(self.plan.group, write.tensor):
                 return
         self.line(f"if (valid && lane == 0) {{ {self.p.store(write, env, ext, name)} }}")
+
+    # -- expressions (called by the printer) ---------------------------------------------------
+
+    def expr(self, expr: Expr, env: Env, ext: dict[str, int], acc: str | None) -> str:
+        """``expr`` printed, reusing values this scope already computed, a division by a per-row value
+        printed as a multiplication by its reciprocal (computed once)."""
+        if isinstance(expr, Call) and expr.op == "div" and self.per_row(expr.args[1]):
+            num, den = (self.p.expr(a, env, ext, acc) for a in expr.args)
+            return f"({num} * {self.hoist(f'(({self.ctype})1 / {den})')})"
+        return self.reuse(self.p.plain(expr, env, ext, acc))  # type: ignore[attr-defined]
+
+    def per_row(self, expr: Expr) -> bool:
+        """Whether ``expr`` has one value per row (no accumulator, no load along the inner dim)."""
+        return not any(isinstance(e, Acc) or isinstance(e, Load) and self.inner in e.access.dims()
+                       for e in walk(expr))
+
+    def reuse(self, text: str) -> str:
+        return next((scope[("@expr", text)] for scope in reversed(self.scopes) if ("@expr", text) in scope), text)
+
+    def hoist(self, text: str) -> str:
+        """A name for ``text``, declared (through ``pending``) the first time in this scope."""
+        known = self.reuse(text)
+        if known != text:
+            return known
+        name = self.var("q")
+        self.pending.append(f"const {self.ctype} {name} = {text};")
+        self.scopes[-1][("@expr", text)] = name
+        return name
+
+    def keep(self, text: str) -> str:
+        """``text`` (a per-element value) as a name later members reuse; flushes ``pending`` first."""
+        name = text if _NAMED.fullmatch(text) else self.hoist(text)
+        self.flush()
+        return name
 
     # -- loads (called by the printer) ---------------------------------------------------------
 
@@ -428,7 +562,12 @@ class RowEmitter:
         loads = []
         if vectorizable(access, buf.shape, buf.dtype, self.inner, plan.vector):
             ptr = f"{self.p.names[access.tensor]} + {key[1]}"
-            loads, words = load_words(ptr, plan.vector * _VECTOR_DTYPES[buf.dtype] // 4, f"{name}w")
+            copy = self.shared_copy(access)
+            loads, words = load_words(copy if access.tensor in self.fetched else ptr,
+                                      plan.vector * _VECTOR_DTYPES[buf.dtype] // 4, f"{name}w")
+            if copy and access.tensor not in self.fetched:
+                loads += store_words(copy, words)
+                self.fetching.add(access.tensor)
             loads += [f"{name}[{j}] = {self.unpack(buf.dtype, words, j)};" for j in range(plan.vector)]
         else:
             for j in range(plan.vector):
@@ -439,6 +578,15 @@ class RowEmitter:
         if access.fill is None:
             self.scopes[-1][key] = name
         return f"{name}[{self.slot}]"
+
+    def shared_copy(self, access: Access) -> str:
+        """The shared-memory address of this lane's words of a staged input at the current chunk, or ""."""
+        plan = self.plan
+        if access.tensor not in plan.staged or access.fill is not None:
+            return ""
+        dtype = self.buffers[access.tensor].dtype
+        return (f"(k_smem + {plan.staged[access.tensor]} + (int)(tid / {plan.lanes}) * {plan.row_bytes(dtype)} + "
+                f"(int){self.kc} * {_VECTOR_DTYPES[dtype]})")
 
     # -- words ---------------------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
-"""``row_mode(registers|online|stream)`` (cuda): run row-shaped groups as row kernels (``codegen.cuda_rows``).
+"""``row_mode(registers|online|stream|shared)`` (cuda): run row-shaped groups as row kernels (``codegen.cuda_rows``).
 
 ``registers`` holds each lane's share of a row in registers, so every fused member reuses what the first one
-read; ``online`` streams the row, merging a max and a sum of exp into one pass; ``stream`` streams every member.
-Offered when some group of the fully fused program has row shape."""
+read; ``online`` streams the row, merging a max and a sum of exp (or a mean and a sum of squared deviations)
+into one pass; ``stream`` streams every member; ``shared`` streams like ``online`` but copies inputs that later
+passes read again into shared memory on the first pass. Offered when some group of the fully fused program has
+row shape."""
 
 from embed.loopnest import LoopProgram
 from transforms.codegen.cuda_rows import MODES, row_group
