@@ -187,7 +187,7 @@ def match_contraction(program: LoopProgram) -> Contraction | None:
         return None
     contraction = Contraction(program, tuple(d.extent for d in par[:-2]), par[-2].extent, par[-1].extent,
                               mm.reduction[0].extent, ops[0], ops[1])
-    return contraction if _epilogue_ok(program, mm) else None
+    return contraction if epilogue_ok(program, mm) else None
 
 
 def _operand(program: LoopProgram, access: Access, batch: list[str], outer: str, k: str) -> Operand | None:
@@ -225,7 +225,7 @@ def _flat(access: Access, program: LoopProgram, dims: list[str]) -> tuple[tuple[
     return tuple((i, int(s)) for i, s in enumerate(strides) if s)  # type: ignore[arg-type]
 
 
-def _epilogue_ok(program: LoopProgram, mm: LoopNest) -> bool:
+def epilogue_ok(program: LoopProgram, mm: LoopNest) -> bool:
     """Every later nest is pointwise over the matmul's domain and reads earlier results at its own element."""
     extents = [d.extent for d in mm.parallel]
     written = {mm.statement.write.tensor}

@@ -14,7 +14,7 @@ strategy with its ``lanes``, the cuda launch shape ``threads`` / ``rows_per_bloc
 when set, a one-nest group keeps only its outer ``row_depth`` row dims and strides the rest across lanes, and
 (cuda) ``row_mode``: when set, row groups run as row kernels (``transforms.codegen.cuda_rows``), and (cuda)
 ``stage``: (tile, elements per thread), when set, strided pointwise nests go through shared-memory tiles
-(``transforms.codegen.cuda_stage``).
+(``transforms.codegen.cuda_stage``), and (cuda) ``chunk``: the nonzeros per chunk of ``sparse(merge,C,V)``.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class Schedule:
     row_mode: str = ""
     gemm: GemmConfig | None = None  # (cuda) a contraction run by transforms.codegen.cuda_gemm
     sparse: tuple[str, int] = ("csr", 1)  # (format, width) of ragged reductions: transforms.steps.sparse
+    chunk: int = 0  # (cuda) nonzeros per chunk under sparse(merge,C,V): transforms.codegen.cuda_spmm
     stage: tuple[int, int] = (0, 0)  # (cuda) (tile, elements per thread) of staged nests; 0: off (steps.stage)
 
     def set(self, **knobs: object) -> Schedule:

@@ -66,8 +66,8 @@ def test_spaces_offer_the_formats_on_spmm_only() -> None:
     gpu = [g for g in RecipeSpace(program, "cuda").dims if g[0].name == "sparse"]
     assert [str(s) for s in cpu[0]] == ["sparse(csr)", "sparse(csr,4)", "sparse(csr,8)", "sparse(ell,4)",
                                         "sparse(ell,8)"]
-    assert [str(s) for s in gpu[0]] == ["sparse(csr)", "sparse(csr,2)", "sparse(csr,4)", "sparse(ell,2)",
-                                        "sparse(ell,4)"]
+    assert [str(s) for s in gpu[0]][:5] == ["sparse(csr)", "sparse(csr,2)", "sparse(csr,4)", "sparse(ell,2)",
+                                            "sparse(ell,4)"]  # then sparse(merge,C,V): tests/transforms/test_spmm.py
     dense = lower(single("matmul", [("a", (4, 8), "float32"), ("b", (8, 4), "float32")], (4, 4)))
     assert not any(g[0].name == "sparse" for g in RecipeSpace(dense, "cpu").dims)
 

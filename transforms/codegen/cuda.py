@@ -23,12 +23,12 @@ from embed.ir import DType
 from embed.loopnest import Call, Dim, LoopNest
 from transforms.codegen.cuda_rows import RowEmitter, plan_rows
 from transforms.codegen.cuda_stage import emit_staged, plan_group
-from transforms.codegen.expr import STORAGE_C, Printer, combine, extents, literal, prelude
-from transforms.codegen.kernel import Kernel, codegen_context
+from transforms.codegen.expr import Printer, combine, extents, literal, prelude
+from transforms.codegen.kernel import Kernel, codegen_context, cuda_consts, cuda_params
 from transforms.run import Launch
 from transforms.schedule import Group, Schedule
 
-_CUDA_HEAD = """
+CUDA_HEAD = """
 #define INFINITY __int_as_float(0x7f800000)
 #define NAN __int_as_float(0x7fffffff)
 #define HALF unsigned short
@@ -86,6 +86,10 @@ def generate_cuda(schedule: Schedule) -> Kernel:
         from transforms.codegen.cuda_gemm import generate_gemm
 
         return generate_gemm(schedule)
+    if schedule.sparse[0] == "merge":  # a CSR product split by nonzeros: transforms.codegen.cuda_spmm
+        from transforms.codegen.cuda_spmm import generate_spmm
+
+        return generate_spmm(schedule)
     return _CudaGen(schedule).kernel()
 
 
@@ -110,25 +114,17 @@ class _CudaGen:
         self.lines.append("  " + text)
 
     def kernel(self) -> Kernel:
-        params = []
-        for arg in self.sig.args:
-            name = next(n for n, a in self.sig.names.items() if a == arg.name)
-            ctype = self.ctype if arg.kind == "scratch" else STORAGE_C[self.buffers[name].dtype]
-            const = "const " if arg.kind == "input" else ""
-            params.append(f"{const}{ctype}* __restrict__ {arg.name}")
+        params = cuda_params(self.sig, self.buffers, self.ctype)
         online = _ONLINE.replace("EXP", self.exp).replace("T", self.ctype)
-        head = [_CUDA_HEAD, prelude(self.ctype, "__device__ static inline"), _FAST_EXP if self.p.exp_name else "",
+        head = [CUDA_HEAD, prelude(self.ctype, "__device__ static inline"), _FAST_EXP if self.p.exp_name else "",
                 online]
-        for name in self.sig.consts:
-            b = self.buffers[name]
-            values = ", ".join(literal(v, self.ctype) for v in b.value or ())
-            head.append(f"__device__ const {self.ctype} {self.sig.names[name]}[{b.numel}] = {{{values}}};")
+        head += cuda_consts(self.sig, self.buffers, self.ctype)
         bodies, launches = [], []
         for k, group in enumerate(self.s.groups):
             self.lines, self.shared_bytes = [], 0
             grid, block = self.group(group)
             entry = f"tb_kernel{k}"
-            bodies.append(f'extern "C" __global__ void __launch_bounds__({block}) {entry}({", ".join(params)}) '
+            bodies.append(f'extern "C" __global__ void __launch_bounds__({block}) {entry}({params}) '
                           f'{{\n' + "\n".join(self.lines) + "\n}")
             launches.append(Launch(entry, self.sig.args, (grid, 1, 1), (block, 1, 1), self.shared_bytes))
         return Kernel("cuda", "\n".join(head) + "\n" + "\n\n".join(bodies) + "\n", tuple(launches))

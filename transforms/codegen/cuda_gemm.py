@@ -21,9 +21,9 @@ from dataclasses import dataclass, field, replace
 
 from embed.ir import DType
 from embed.loopnest import Access, BufferKind
-from transforms.codegen.cuda import _CUDA_HEAD
-from transforms.codegen.expr import STORAGE_C, Env, Printer, extents, literal, prelude
-from transforms.codegen.kernel import Kernel, compute_dtype
+from transforms.codegen.cuda import CUDA_HEAD
+from transforms.codegen.expr import STORAGE_C, Env, Printer, extents, prelude
+from transforms.codegen.kernel import Kernel, compute_dtype, cuda_consts, cuda_params
 from transforms.codegen.signature import signature
 from transforms.contraction import PAD, Contraction, GemmConfig, Operand, match_contraction
 from transforms.run import Launch, Scalar
@@ -78,7 +78,7 @@ def generate_gemm(schedule: Schedule) -> Kernel:
 
 
 @dataclass
-class _EpiloguePrinter(Printer):
+class EpiloguePrinter(Printer):
     """A Printer whose loads of buffers computed earlier in the thread read local variables instead."""
 
     local: dict[str, str] = field(default_factory=dict)
@@ -111,20 +111,13 @@ class _GemmGen:
     def line(self, text: str) -> None:
         self.lines.append("  " + text)
 
-    def printer(self) -> _EpiloguePrinter:
-        return _EpiloguePrinter(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
+    def printer(self) -> EpiloguePrinter:
+        return EpiloguePrinter(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
 
     def kernel(self) -> Kernel:
-        params = []
-        for arg in self.sig.args:
-            name = next(n for n, a in self.sig.names.items() if a == arg.name)
-            ctype = self.ctype if arg.kind == "scratch" else STORAGE_C[self.buffers[name].dtype]
-            params.append(f"{'const ' if arg.kind == 'input' else ''}{ctype}* __restrict__ {arg.name}")
-        head = [_CUDA_HEAD, prelude(self.ctype, "__device__ static inline")]
-        for name in self.sig.consts:
-            b = self.buffers[name]
-            values = ", ".join(literal(v, self.ctype) for v in b.value or ())
-            head.append(f"__device__ const {self.ctype} {self.sig.names[name]}[{b.numel}] = {{{values}}};")
+        params = cuda_params(self.sig, self.buffers, self.ctype)
+        head = [CUDA_HEAD, prelude(self.ctype, "__device__ static inline")]
+        head += cuda_consts(self.sig, self.buffers, self.ctype)
         launches: list[Launch] = []
         grid = (self.tiles_m * self.tiles_n, 1, math.prod(self.c.batch))
         if self.g.path == "mma":
@@ -142,7 +135,7 @@ class _GemmGen:
         body = ""
         if self.lines:
             threads = launches[-1].block[0]
-            body = (f'extern "C" __global__ void __launch_bounds__({threads}) tb_gemm({", ".join(params)}) {{\n'
+            body = (f'extern "C" __global__ void __launch_bounds__({threads}) tb_gemm({params}) {{\n'
                     + "\n".join(self.lines) + "\n}\n")
         return Kernel("cuda", "\n".join(head + self.helpers) + "\n" + body, tuple(launches))
 

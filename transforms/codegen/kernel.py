@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from embed.ir import DType
 from embed.loopnest import Buffer, BufferKind, LoopProgram
+from transforms.codegen.expr import STORAGE_C, literal
 from transforms.codegen.signature import Signature, signature
 from transforms.run import Launch
 
@@ -38,3 +39,23 @@ def codegen_context(program: LoopProgram) -> CodegenContext:
     compute = compute_dtype(program)
     buffers = {n: replace(b, dtype=compute) if b.kind == BufferKind.TEMP else b for n, b in program.buffers.items()}
     return CodegenContext("double" if compute == DType.FLOAT64 else "float", signature(program, compute), buffers)
+
+
+def cuda_params(sig: Signature, buffers: dict[str, Buffer], ctype: str) -> str:
+    """The kernel parameter list: one restrict pointer per argument, const for inputs, scratch in ``ctype``."""
+    params = []
+    for arg in sig.args:
+        name = next(n for n, a in sig.names.items() if a == arg.name)
+        storage = ctype if arg.kind == "scratch" else STORAGE_C[buffers[name].dtype]
+        params.append(f"{'const ' if arg.kind == 'input' else ''}{storage}* __restrict__ {arg.name}")
+    return ", ".join(params)
+
+
+def cuda_consts(sig: Signature, buffers: dict[str, Buffer], ctype: str) -> list[str]:
+    """Declarations of the program's constant buffers as ``__device__`` arrays of generated literals."""
+    out = []
+    for name in sig.consts:
+        b = buffers[name]
+        values = ", ".join(literal(v, ctype) for v in b.value or ())
+        out.append(f"__device__ const {ctype} {sig.names[name]}[{b.numel}] = {{{values}}};")
+    return out
