@@ -6,7 +6,8 @@ cross-applied to it. Then, for each held-out model, a fresh SQLite database hold
 subgraphs, their searches and their cross-applications; each encoder is fitted there, the training subgraphs
 are embedded and indexed, and every held-out subgraph is transfer-tuned with k = 1, 3, 5, ... neighbours (never
 itself: a held-out subgraph that another model also has is excluded from its own neighbours). The same
-subgraph is also tried with the default recipe, eager PyTorch and the best of k random recipes.
+subgraph is also tried with the default recipe, eager PyTorch and the best of k random recipes (measured before
+the folds, so that a run's bulk of kernels comes first).
 
 The optimum of a subgraph is the fastest time measured on it by anything in the run. All numbers go through one
 ``Measurer``, so a run can be recorded and replayed exactly.
@@ -14,12 +15,10 @@ The optimum of a subgraph is the fastest time measured on it by anything in the 
 
 import math
 import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from db.index import IndexConfig, VectorIndex
 from db.migrate import upgrade
@@ -48,6 +47,7 @@ class BenchConfig:
     backend: str = "cpu"
     budget: int = 32
     ks: tuple[int, ...] = (1, 3, 5, 10)
+    random_ks: tuple[int, ...] | None = None  # k values of the random baseline (default: ks)
     encoders: tuple[str, ...] = ("static", "static+profiled", "learned")
     held_out: tuple[str, ...] | None = None  # models to hold out (default: every model)
     strategy: str = "evolutionary"
@@ -59,11 +59,15 @@ class BenchConfig:
             raise ValueError("leave-one-model-out needs at least 2 models")
         for name in self.encoders:
             encoders.get(name)  # UnknownNameError lists the valid names
-        if not self.ks or min(self.ks) < 1:
-            raise ValueError(f"k values must be >= 1, got {list(self.ks)}")
+        if not self.ks or min(self.ks) < 1 or min(self.random_k) < 1:
+            raise ValueError(f"k values must be >= 1, got {list(self.ks)} and {list(self.random_k)}")
         unknown = set(self.held_out or ()) - set(self.models)
         if unknown:
             raise ValueError(f"held-out models {sorted(unknown)} are not among --models")
+
+    @property
+    def random_k(self) -> tuple[int, ...]:
+        return self.random_ks or self.ks
 
 
 @dataclass
@@ -80,6 +84,7 @@ class HeldOut:
     eager_s: float
     optimum_s: float = math.inf
     search_s: float = math.inf  # best of the subgraph's own large-budget search
+    searched: int = 0  # distinct recipes the search measured, the default included (space_size: all of them)
     transfer: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # encoder -> k -> outcome
     random: dict[int, float] = field(default_factory=dict)  # k -> best of default + k random recipes
 
@@ -107,9 +112,14 @@ class TransferBench:
         self._load()
         self._tune_all()
         held = [m for m in self.config.models if self.config.held_out is None or m in self.config.held_out]
+        keys = list(dict.fromkeys(k for m in held for k in self.models[m]))
+        picks = {}
+        for n, key in enumerate(keys, 1):
+            self.progress(f"random picks {n}/{len(keys)}")
+            picks[key] = self._random_k(key)
         outcomes = [o for i, model in enumerate(held) for o in self._fold(i, model)]
         for o in outcomes:
-            o.random = self._random_k(o.key)
+            o.random = picks[o.key]
         for o in outcomes:
             ok = [v for v in self.measurer.table.results[o.key].values() if not isinstance(v, str)]
             o.optimum_s = min(ok, default=math.inf)
@@ -193,9 +203,10 @@ class TransferBench:
     def _held_out(self, model: str, key: str, exact: bool) -> HeldOut:
         task = self.tasks[key]
         base = baseline(task, key, self.measurer, self.backend)
-        own = [m.score for _, m in self.own[key]]
+        own = dict(self.own[key])
         return HeldOut(model, key, task.kind, task.name, RecipeSpace(task.program, self.backend).size(), exact,
-                       base.default_s, base.eager_s, search_s=min(own, default=math.inf))
+                       base.default_s, base.eager_s, search_s=min((m.score for m in own.values()), default=math.inf),
+                       searched=len(own))
 
     def _query_features(self, key: str, profiled: bool) -> FeatureSet:
         subgraph, task = self.subgraphs[key], self.tasks[key]
@@ -206,13 +217,13 @@ class TransferBench:
         return FeatureSet(static, profile_vector(task, subgraph, base, self.measurer.table.device))
 
     def _random_k(self, key: str) -> dict[int, float]:
-        """Best of the default recipe and the first k of ``max(ks)`` uniform random recipes, per k."""
-        task = self.tasks[key]
-        picks = RandomSearch(RecipeSpace(task.program, self.backend), budget=max(self.config.ks),
-                             seed=self.config.seed + 1).ask(max(self.config.ks))
+        """Best of the default recipe and the first k of ``max(random_k)`` uniform random recipes, per k."""
+        task, ks = self.tasks[key], self.config.random_k
+        picks = RandomSearch(RecipeSpace(task.program, self.backend), budget=max(ks), seed=self.config.seed + 1).ask(
+            max(ks))
         default = default_recipe(task.program, self.backend)
         scores = [r.score for r in self.measurer.measure(task, key, [default, *picks])]
-        return {k: min(scores[: k + 1]) for k in self.config.ks}
+        return {k: min(scores[: k + 1]) for k in ks}
 
 
 def _summary(result: Any) -> dict[str, Any]:
@@ -221,115 +232,6 @@ def _summary(result: Any) -> dict[str, Any]:
         "neighbours": [{"distance": n.distance, "recipe": n.recipe, "changes": list(n.changes)}
                        for n in result.neighbours],
     }
-
-
-# ---- figures -------------------------------------------------------------------------------------------------
-
-
-def geomean(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v) and v > 0]
-    return float(np.exp(np.mean(np.log(finite)))) if finite else math.nan
-
-
-@dataclass(frozen=True)
-class Row:
-    """One method: geomean fraction of the optimum reached, evaluations (mean), share of the space evaluated
-    (mean), geomean speedups over eager and over the default recipe."""
-
-    method: str
-    encoder: str
-    k: int | None
-    fraction_of_optimum: float
-    evaluations: float
-    space_fraction: float
-    speedup_vs_eager: float
-    speedup_vs_default: float
-
-
-def _row(method: str, encoder: str, k: int | None, outcomes: Sequence[HeldOut], times: Sequence[float],
-         evaluations: Sequence[float]) -> Row:
-    return Row(
-        method, encoder, k,
-        geomean([o.optimum_s / t for o, t in zip(outcomes, times, strict=True)]),
-        float(np.mean(evaluations)),
-        float(np.mean([e / o.space_size for o, e in zip(outcomes, evaluations, strict=True)])),
-        geomean([o.eager_s / t for o, t in zip(outcomes, times, strict=True)]),
-        geomean([o.default_s / t for o, t in zip(outcomes, times, strict=True)]),
-    )
-
-
-def table(outcomes: Sequence[HeldOut], config: BenchConfig) -> list[Row]:
-    rows = [
-        _row("eager", "-", None, outcomes, [o.eager_s for o in outcomes], [0] * len(outcomes)),
-        _row("default recipe", "-", None, outcomes, [o.default_s for o in outcomes], [1] * len(outcomes)),
-        _row(f"{config.strategy} search", "-", config.budget, outcomes, [o.search_s for o in outcomes],
-             [config.budget + 1] * len(outcomes)),
-    ]
-    for k in config.ks:
-        rows.append(_row("random", "-", k, outcomes, [o.random[k] for o in outcomes], [k + 1] * len(outcomes)))
-    for name in config.encoders:
-        for k in config.ks:
-            rows.append(_row("transfer", name, k, outcomes, [o.transfer[name][k]["s"] for o in outcomes],
-                             [o.transfer[name][k]["evaluations"] for o in outcomes]))
-    return rows
-
-
-def report_json(outcomes: Sequence[HeldOut], config: BenchConfig, measurer: Measurer) -> dict[str, Any]:
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {str(k): clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-
-    return clean({
-        "config": asdict(config),
-        "device": asdict(measurer.table.device),
-        "toolchain": measurer.table.toolchain,
-        "kernels_run": measurer.evaluations,
-        "table": [asdict(r) for r in table(outcomes, config)],
-        "held_out": [asdict(o) for o in outcomes],
-        "measurements": measurer.table.to_json(),
-    })
-
-
-def report_markdown(outcomes: Sequence[HeldOut], config: BenchConfig, measurer: Measurer) -> str:
-    device = measurer.table.device
-    exact = sum(o.exact_match for o in outcomes)
-    lines = [
-        "# Transfer tuning, leave-one-model-out",
-        "",
-        f"Device: {device.name} ({device.device_class}; {device.bandwidth_gbps:.1f} GB/s, "
-        f"{device.peak_gflops:.0f} GFLOP/s measured). Backend {config.backend}; "
-        f"toolchain `{measurer.table.toolchain.splitlines()[0]}`.",
-        f"Models ({len(config.models)}): {', '.join(config.models)}.",
-        f"Held-out subgraphs: {len(outcomes)} (over {len({o.model for o in outcomes})} folds; {exact} also occur in "
-        "another model and are excluded from their own neighbours).",
-        f"Optimum: fastest time measured on the subgraph by anything in the run, including a {config.strategy} "
-        f"search of {config.budget} recipes (+ default); kernels run: {measurer.evaluations}. "
-        f"Local search after transfer: {config.local_budget} recipes.",
-        "",
-        "| method | encoder | k | fraction of optimum (geomean) | evaluations (mean) | share of space | "
-        "x eager (geomean) | x default (geomean) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in table(outcomes, config):
-        lines.append(
-            f"| {r.method} | {r.encoder} | {'-' if r.k is None else r.k} | {r.fraction_of_optimum:.3f} | "
-            f"{r.evaluations:.1f} | {r.space_fraction:.2e} | {r.speedup_vs_eager:.2f} | {r.speedup_vs_default:.2f} |"
-        )
-    lines += ["", "Per held-out subgraph (k = 5 where run, else the largest k; fraction of optimum):", ""]
-    k = 5 if 5 in config.ks else max(config.ks)
-    lines.append("| model | subgraph | kind | space | optimum us | default | random | "
-                 + " | ".join(config.encoders) + " |")
-    lines.append("|---|---|---|---|---|---|---|" + "---|" * len(config.encoders))
-    for o in outcomes:
-        cells = [f"{o.optimum_s / o.transfer[e][k]['s']:.2f}" for e in config.encoders]
-        lines.append(f"| {o.model} | {o.name[:50]} | {o.kind} | {o.space_size} | {o.optimum_s * 1e6:.1f} | "
-                     f"{o.optimum_s / o.default_s:.2f} | {o.optimum_s / o.random[k]:.2f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def run_bench(config: BenchConfig, measurer: Measurer, *, workdir: Path | None = None,

@@ -19,7 +19,7 @@ from service.store import add_measurements, add_profiles, add_subgraphs, registe
 from transforms.adapt import adapt
 from transforms.recipe import Recipe, parse
 from transforms.search import create
-from transforms.search.strategy import Measured, search
+from transforms.search.strategy import Measured
 from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import Task, make_task
 
@@ -36,13 +36,17 @@ def profile_vector(task: Task, subgraph: Subgraph, base: Baseline, device: Devic
 
 
 def tune_one(task: Task, key: str, measurer: Measurer, *, backend: str, strategy: str = "evolutionary",
-             budget: int = 32, seed: int = 0) -> list[Measured]:
-    """The default recipe, then ``budget`` recipes proposed by ``strategy``; every measurement, in order."""
+             budget: int = 32, seed: int = 0, batch: int = 8) -> list[Measured]:
+    """The default recipe, then ``budget`` recipes proposed by ``strategy`` (fewer when the space runs out);
+    every measurement, in order."""
     space = RecipeSpace(task.program, backend)
     default = default_recipe(task.program, backend)
     searcher = create(strategy, space, budget=budget, seed=seed)
     searcher.tell(list(zip([default], measurer.measure(task, key, [default]), strict=True)))
-    search(searcher, lambda recipes: measurer.measure(task, key, recipes))
+    # Not ``strategy.search``: the default was told without being asked, so a strategy that has proposed the
+    # whole space never counts itself exhausted there; here nothing is pending, so an empty ask means done.
+    while recipes := searcher.ask(batch):
+        searcher.tell(list(zip(recipes, measurer.measure(task, key, recipes), strict=True)))
     return searcher.history
 
 
@@ -52,8 +56,10 @@ def best_of(history: Sequence[Measured]) -> tuple[Recipe, float] | None:
 
 
 def cross_recipes(program: LoopProgram, backend: str, bests: Mapping[str, str]) -> dict[str, str]:
-    """Each source's best recipe (canonical strings by source key) adapted to ``program``."""
-    return {source: str(adapt(parse(recipe), program, backend)[0]) for source, recipe in bests.items()}
+    """Each source's best recipe (canonical strings by source key) adapted to ``program``; a source none of whose
+    steps applies here (a cuda ``gemm`` recipe on a contraction the gemm step cannot take) is left out."""
+    adapted = {source: str(adapt(parse(recipe), program, backend)[0]) for source, recipe in bests.items()}
+    return {source: recipe for source, recipe in adapted.items() if recipe}
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 ``Measurer`` runs kernels live (``live_measurer``) or replays a recorded ``MeasurementTable``:
 the same harness code runs on a GPU, on the cpu, or from a recording, and a recording of a run replays it
-exactly (every decision depends only on the recorded numbers).
+exactly (every decision depends only on the recorded numbers). A live measurer given a partial table (a
+``Checkpoint``'s) measures only what the table lacks, so a long run can stop and resume.
 """
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +36,11 @@ class MeasurementTable:
     results: dict[str, dict[str, float | str]] = field(default_factory=dict)
     eager: dict[str, float | None] = field(default_factory=dict)
 
+    @property
+    def size(self) -> int:
+        """Recipe measurements held (failures included; eager times not)."""
+        return sum(len(v) for v in self.results.values())
+
     def to_json(self) -> dict[str, Any]:
         return {"device": asdict(self.device), "toolchain": self.toolchain, "results": self.results,
                 "eager": self.eager}
@@ -53,14 +60,39 @@ RunRecipes = Callable[[Task, list[Recipe]], list[RunResult]]
 EagerTime = Callable[[Task], float]
 
 
+class RunStopped(RuntimeError):
+    """A run reached its time limit before a measurement it needed; its table was saved first."""
+
+
+class Checkpoint:
+    """Saves a live run's table (``save(table)``) before a new measurement once ``every_s`` seconds have passed
+    since the last save, and stops the run (``RunStopped``, after saving) before the first new measurement past
+    ``stop_after_s`` seconds from its creation."""
+
+    def __init__(self, save: Callable[[MeasurementTable], None], *, every_s: float = 30.0,
+                 stop_after_s: float = math.inf, clock: Callable[[], float] = time.monotonic) -> None:
+        self.save, self.every_s, self.stop_after_s, self.clock = save, every_s, stop_after_s, clock
+        self.start = self.last = clock()
+
+    def before_measuring(self, table: MeasurementTable) -> None:
+        now = self.clock()
+        if now - self.start >= self.stop_after_s:
+            self.save(table)
+            raise RunStopped(f"stopped after {now - self.start:.0f} s (limit {self.stop_after_s:g} s)")
+        if now - self.last >= self.every_s:
+            self.save(table)
+            self.last = now
+
+
 class Measurer:
     """``measure(task, key, recipes)`` and ``eager(task, key)`` through the table; ``key`` names the subgraph
     (its structural hash). What the table lacks is measured with ``run`` / ``eager_time`` (a replay has neither
-    and raises ``MissingMeasurementError``). ``evaluations`` counts the recipes actually run."""
+    and raises ``MissingMeasurementError``). ``evaluations`` counts the recipes actually run; ``checkpoint`` is
+    consulted before each live measurement."""
 
     def __init__(self, table: MeasurementTable, *, run: RunRecipes | None = None,
-                 eager_time: EagerTime | None = None) -> None:
-        self.table, self.run, self.eager_time = table, run, eager_time
+                 eager_time: EagerTime | None = None, checkpoint: Checkpoint | None = None) -> None:
+        self.table, self.run, self.eager_time, self.checkpoint = table, run, eager_time, checkpoint
         self.evaluations = 0
 
     def measure(self, task: Task, key: str, recipes: Sequence[Recipe]) -> list[RunResult]:
@@ -69,6 +101,8 @@ class Measurer:
         if new:
             if self.run is None:
                 raise MissingMeasurementError(f"the recording has no measurement of {new[0]!r} on subgraph {key}")
+            if self.checkpoint is not None:
+                self.checkpoint.before_measuring(self.table)
             unique = {str(r): r for r in recipes}
             for text, result in zip(new, self.run(task, [unique[t] for t in new]), strict=True):
                 known[text] = result.median_s if result.ok else str(result.error_kind)
@@ -79,6 +113,8 @@ class Measurer:
         if key not in self.table.eager:
             if self.eager_time is None:
                 raise MissingMeasurementError(f"the recording has no eager time of subgraph {key}")
+            if self.checkpoint is not None:
+                self.checkpoint.before_measuring(self.table)
             seconds = self.eager_time(task)
             self.table.eager[key] = seconds if math.isfinite(seconds) else None
         value = self.table.eager[key]
@@ -86,10 +122,12 @@ class Measurer:
 
 
 def live_measurer(table: MeasurementTable, *, backend: str, cache_dir: Path, worker: Worker,
-                  repeats: int = 10) -> Measurer:
-    """A measurer that builds, validates and times kernels on ``backend`` (and eager PyTorch) when needed."""
+                  repeats: int = 10, checkpoint: Checkpoint | None = None) -> Measurer:
+    """A measurer that builds, validates and times kernels on ``backend`` (and eager PyTorch) when ``table``
+    lacks them."""
 
     def run(task: Task, recipes: list[Recipe]) -> list[RunResult]:
         return evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats)(recipes)
 
-    return Measurer(table, run=run, eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=backend))
+    return Measurer(table, run=run, eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=backend),
+                    checkpoint=checkpoint)

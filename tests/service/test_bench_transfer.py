@@ -9,8 +9,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from service.bench_transfer import BenchConfig, report_json, report_markdown, run_bench, table
-from service.measure import MeasurementTable, Measurer, MissingMeasurementError, live_measurer
+from service.bench_report import report_json, report_markdown, table
+from service.bench_transfer import BenchConfig, run_bench
+from service.measure import (
+    Checkpoint,
+    MeasurementTable,
+    Measurer,
+    MissingMeasurementError,
+    RunStopped,
+    live_measurer,
+)
 from tests.service.conftest import DEVICE
 from transforms.compilers.cpu import toolchain_id
 from transforms.run import Worker
@@ -20,12 +28,24 @@ DATA = Path(__file__).parent / "data"
 REAL = BenchConfig(models=("lm_head-h64-v256-t32", "cnn_head-c32-i7-b1", "gcn-n256-f32-d0.01"), budget=4, ks=(1, 2))
 
 
-def test_real_cpu_run_and_its_exact_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_cpu_run_stopped_resumed_and_replayed_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # kernel workers: steadier timings on a shared machine
+    saved: list[dict] = []
+    ticks = iter(range(10**6))  # a clock that advances one second per live measurement
+    checkpoint = Checkpoint(lambda table: saved.append(table.to_json()), every_s=3, stop_after_s=12,
+                            clock=lambda: next(ticks))
     with Worker() as worker:
-        measurer = live_measurer(MeasurementTable(DEVICE, toolchain_id()), backend="cpu", cache_dir=tmp_path / "k",
-                                 worker=worker, repeats=3)
+        first = live_measurer(MeasurementTable(DEVICE, toolchain_id()), backend="cpu", cache_dir=tmp_path / "k",
+                              worker=worker, repeats=3, checkpoint=checkpoint)
+        with pytest.raises(RunStopped, match="stopped after 12 s"):
+            run_bench(REAL, first, workdir=tmp_path / "first")
+        partial = MeasurementTable.from_json(json.loads(json.dumps(saved[-1])))
+        assert len(saved) == 4 and 0 < partial.size == first.table.size == first.evaluations
+        measurer = live_measurer(MeasurementTable.from_json(json.loads(json.dumps(saved[-1]))), backend="cpu",
+                                 cache_dir=tmp_path / "k", worker=worker, repeats=3)
         outcomes = run_bench(REAL, measurer, workdir=tmp_path)
+    assert measurer.evaluations == measurer.table.size - partial.size  # nothing measured twice
+    assert all(measurer.table.results[key][r] == v for key, done in partial.results.items() for r, v in done.items())
     assert len(outcomes) == 9 and {o.model for o in outcomes} == set(REAL.models)
     for o in outcomes:
         assert set(o.transfer) == {"static", "static+profiled", "learned"} and set(o.random) == {1, 2}
@@ -33,12 +53,13 @@ def test_real_cpu_run_and_its_exact_replay(tmp_path: Path, monkeypatch: pytest.M
             for k, t in per_k.items():
                 assert 1 <= t["evaluations"] <= k + 1 and len(t["neighbours"]) <= k
                 assert o.optimum_s <= t["s"] <= o.default_s  # the default is the baseline a transfer must beat
-        assert o.optimum_s <= min(o.search_s, o.random[2]) and o.space_size > 1000
+        assert o.optimum_s <= min(o.search_s, o.random[2]) and o.space_size > 1000 and o.searched == REAL.budget + 1
     report = json.loads(json.dumps(report_json(outcomes, REAL, measurer), allow_nan=False))
     rows = {(r["method"], r["encoder"], r["k"]): r for r in report["table"]}
     assert rows[("default recipe", "-", None)]["evaluations"] == 1.0
     assert 0 < rows[("transfer", "learned", 2)]["fraction_of_optimum"] <= 1.0
-    assert "| transfer | static+profiled | 2 |" in report_markdown(outcomes, REAL, measurer)
+    markdown = report_markdown(outcomes, REAL, measurer)
+    assert "| transfer | static+profiled | 2 |" in markdown and "| contraction | 4 | " in markdown
 
     replay = Measurer(MeasurementTable.from_json(report["measurements"]))
     again = run_bench(REAL, replay, workdir=tmp_path / "replay")
@@ -46,8 +67,6 @@ def test_real_cpu_run_and_its_exact_replay(tmp_path: Path, monkeypatch: pytest.M
     assert [asdict(o) for o in again] == [asdict(o) for o in outcomes]
     with pytest.raises(MissingMeasurementError, match="has no measurement"):
         run_bench(BenchConfig(models=REAL.models, budget=5, ks=(1,)), replay, workdir=tmp_path / "other")
-
-
 
 
 def test_transfer_beats_default_and_random_picks_on_a_recorded_cpu_table() -> None:
@@ -87,3 +106,29 @@ def test_cli_replays_a_recording(tmp_path: Path) -> None:
     missing = CliRunner().invoke(app, ["--models", ",".join(recording["models"]), "--budget", "3",
                                        "--replay", str(DATA / "transfer_cpu_replay.json"), "--out", str(out)])
     assert missing.exit_code == 2 and "the recording has no measurement" in missing.output
+
+
+def test_cli_stops_at_its_time_limit_and_resumes_from_the_checkpoint(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEBANK_DATA_DIR", str(tmp_path / "data"))
+    app = typer.Typer()
+    app.command()(transfer_command)
+    checkpoint, out = tmp_path / "partial.json", tmp_path / "r"
+    tiny = ["--models", "lm_head-h64-v256-t32,cnn_head-c32-i7-b1", "--budget", "2", "--k", "1", "--encoders", "static",
+            "--repeats", "2", "--checkpoint", str(checkpoint), "--out", str(out)]
+    stopped = CliRunner().invoke(app, [*tiny, "--stop-after", "0.001"])
+    assert stopped.exit_code == 3 and f"continue with --resume {checkpoint}" in stopped.output
+    assert len(json.loads(checkpoint.read_text())["runs"]) == 1 and not out.with_suffix(".json").exists()
+    resumed = CliRunner().invoke(app, [*tiny, "--resume", str(checkpoint)])
+    assert resumed.exit_code == 0, resumed.output
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert [r["kernels"] for r in report["runs"]] == [0, report["kernels_run"]] and report["kernels_run"] > 10
+    assert json.loads(checkpoint.read_text())["measurements"] == report["measurements"]
+    assert "| transfer | static | 1 |" in out.with_suffix(".md").read_text()
+
+    report["measurements"]["device"]["name"] = "cuda:NVIDIA H200"
+    checkpoint.write_text(json.dumps(report))
+    other = CliRunner().invoke(app, [*tiny, "--resume", str(checkpoint)])
+    assert other.exit_code == 2 and "was measured on cuda:NVIDIA H200" in other.output
+    unsaved = CliRunner().invoke(app, ["--models", "a,b", "--stop-after", "60"])
+    assert unsaved.exit_code == 2 and "--stop-after needs --checkpoint" in unsaved.output

@@ -1,22 +1,33 @@
-"""``tunebank bench transfer``: leave-one-model-out evaluation of transfer tuning; writes markdown and JSON."""
+"""``tunebank bench transfer``: leave-one-model-out evaluation of transfer tuning; writes markdown and JSON.
+
+A long live run can save its measurements as it goes (``--checkpoint``), stop before a time limit
+(``--stop-after``) and be continued by another process (``--resume``), which measures only what is missing.
+"""
 
 import json
+import math
 import os
+import shlex
+import sys
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from embed.errors import EmbedError
 from embed.registry import UnknownNameError
-from service.bench_transfer import BenchConfig, report_json, report_markdown, run_bench
-from service.measure import MeasurementTable, Measurer, MissingMeasurementError, live_measurer
+from service.bench_report import report_json, report_markdown
+from service.bench_transfer import BenchConfig, run_bench
+from service.measure import Checkpoint, MeasurementTable, Measurer, MissingMeasurementError, RunStopped, live_measurer
 from tunebank.cli.errors import fail
 from tunebank.settings import Settings
 
 app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DEFAULT_MODELS = "bert_encoder-h128-s64-b1,gpt_decoder-h128-s32-b2,mixer_block-h128-s32-b1,lm_head-h128-v512-t64"
 
@@ -36,12 +47,47 @@ def toolchain(backend: str) -> str:
     return " ".join(t for t in (cuda_toolchain("nvrtc"), cuda_toolchain("nvcc")) if t) or "cuda"
 
 
+def _recording(path: Path) -> dict[str, Any]:
+    """A report or checkpoint JSON (both hold ``measurements``, and ``runs`` when made by this command)."""
+    try:
+        data = json.loads(path.read_text())
+        MeasurementTable.from_json(data["measurements"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail(f"cannot read a recording from {path}: {e}")
+    return data
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a run killed while saving keeps its previous checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(data, allow_nan=False))
+    os.replace(partial, path)
+
+
+def _live_table(backend: str, resume: Path | None) -> tuple[MeasurementTable, list[dict[str, Any]]]:
+    """A new table on this machine's device, or the resumed one (which must come from the same device and
+    toolchain), with the runs that measured it."""
+    from service.devices import detect_device
+
+    device, chain = detect_device(backend), toolchain(backend)
+    if resume is None:
+        return MeasurementTable(device, chain), []
+    data = _recording(resume)
+    table = MeasurementTable.from_json(data["measurements"])
+    if (table.device.name, table.device.device_class, table.toolchain) != (device.name, device.device_class, chain):
+        fail(f"{resume} was measured on {table.device.name} with {table.toolchain!r}; this machine has "
+             f"{device.name} with {chain!r}")
+    return table, list(data.get("runs", []))
+
+
 @app.command("transfer")
 def transfer_command(
     models: Annotated[str, typer.Option(help="comma-separated zoo names or .onnx files")] = DEFAULT_MODELS,
     backend: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     budget: Annotated[int, typer.Option(min=1, help="recipes searched per subgraph for the optimum")] = 32,
     k: Annotated[str, typer.Option("--k", help="neighbour counts, comma-separated")] = "1,3,5,10",
+    random_k: Annotated[str, typer.Option("--random-k", help="random-baseline counts (default: --k)")] = "",
     encoders: Annotated[str, typer.Option(help="comma-separated encoders")] = "static,static+profiled,learned",
     held_out: Annotated[str, typer.Option(help="models to hold out (default: each of --models)")] = "",
     local_budget: Annotated[int, typer.Option(min=0, help="local-search recipes after transfer")] = 0,
@@ -51,41 +97,70 @@ def transfer_command(
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     cpu_threads: Annotated[int, typer.Option(min=0, help="OpenMP threads for cpu kernels (0: leave as is)")] = 0,
     replay: Annotated[Path | None, typer.Option(help="replay the measurements of an earlier JSON report")] = None,
+    resume: Annotated[Path | None, typer.Option(help="continue from a checkpoint (or report): measure only what "
+                                                     "it lacks")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="save the measurements here as the run goes")] = None,
+    checkpoint_every: Annotated[float, typer.Option(min=1, help="seconds between checkpoint saves")] = 30.0,
+    stop_after: Annotated[float, typer.Option(min=0, help="stop (exit code 3) before measuring past this many "
+                                                          "seconds; 0: no limit")] = 0.0,
     out: Annotated[Path, typer.Option(help="output path without suffix: writes OUT.md and OUT.json")] = Path(
         "bench/results/transfer"),
 ) -> None:
     """Leave-one-model-out over MODELS: transfer with each k and encoder vs the optimum, default, random, eager."""
     if backend not in ("cpu", "cuda"):
         fail(f"unknown backend {backend!r}; choose cpu or cuda")
+    if replay is not None and (resume or checkpoint or stop_after):
+        fail("--replay measures nothing: it takes no --resume, --checkpoint or --stop-after")
+    if stop_after and checkpoint is None:
+        fail("--stop-after needs --checkpoint (where the measurements are kept to resume from)")
     try:
         config = BenchConfig(models=_csv(models), backend=backend, budget=budget,
-                             ks=tuple(int(v) for v in _csv(k)), encoders=_csv(encoders),
-                             held_out=_csv(held_out) or None, strategy=strategy, local_budget=local_budget, seed=seed)
+                             ks=tuple(int(v) for v in _csv(k)), random_ks=tuple(int(v) for v in _csv(random_k)) or None,
+                             encoders=_csv(encoders), held_out=_csv(held_out) or None, strategy=strategy,
+                             local_budget=local_budget, seed=seed)
     except (ValueError, UnknownNameError) as e:
         fail(str(e))
     if cpu_threads:
         os.environ["OMP_NUM_THREADS"] = str(cpu_threads)  # read by the kernel worker processes started below
     from transforms.run import Worker
 
+    started = time.monotonic()
     with Worker() as worker:
         if replay is not None:
-            try:
-                table = MeasurementTable.from_json(json.loads(replay.read_text())["measurements"])
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                fail(f"cannot read a recording from {replay}: {e}")
-            measurer = Measurer(table)
+            recording = _recording(replay)
+            measurer, runs = Measurer(MeasurementTable.from_json(recording["measurements"])), recording.get("runs", [])
         else:
-            from service.devices import detect_device
+            table, runs = _live_table(backend, resume)
+            run = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                   "command": shlex.join(["tunebank", *sys.argv[1:]]), "kernels": 0}
+            runs = [*runs, run]
 
-            table = MeasurementTable(detect_device(backend), toolchain(backend))
+            def save(table: MeasurementTable) -> None:
+                run["kernels"] = measurer.evaluations
+                if checkpoint is not None:
+                    _write_json(checkpoint, {"config": asdict(config), "runs": runs,
+                                             "measurements": table.to_json()})
+
+            saver = Checkpoint(save, every_s=checkpoint_every, stop_after_s=stop_after or math.inf)
             measurer = live_measurer(table, backend=backend, cache_dir=Settings().data_dir / "kernels",
-                                     worker=worker, repeats=repeats)
+                                     worker=worker, repeats=repeats, checkpoint=saver)
+
+        def progress(message: str) -> None:
+            console.print(f"[{time.monotonic() - started:5.0f} s, {measurer.evaluations} kernels] {message}",
+                          markup=False)
+
         try:
-            outcomes = run_bench(config, measurer, progress=lambda message: console.print(message, markup=False))
+            outcomes = run_bench(config, measurer, progress=progress)
+        except RunStopped as e:
+            console.print(f"{e}: {measurer.table.size} measurements saved to {checkpoint}; continue with "
+                          f"--resume {checkpoint}", markup=False)
+            raise typer.Exit(code=3) from None
         except (EmbedError, MissingMeasurementError, UnknownNameError) as e:
             fail(str(e).splitlines()[0])
+        if replay is None:
+            save(measurer.table)
     out.parent.mkdir(parents=True, exist_ok=True)
-    markdown = report_markdown(outcomes, config, measurer)
+    markdown = report_markdown(outcomes, config, measurer, runs)
     out.with_suffix(".md").write_text(markdown)
-    out.with_suffix(".json").write_text(json.dumps(report_json(outcomes, config, measurer), indent=1))
+    out.with_suffix(".json").write_text(json.dumps(report_json(outcomes, config, measurer, runs), indent=1))
     typer.echo(markdown)
