@@ -17,8 +17,9 @@ is compared with its reference by relative error
 ``max_i |out_i - ref_i| / max(|ref_i|, 1e-3 * max_j |ref_j|)``, which must not exceed the tolerance
 (:data:`TOLERANCE` by dtype unless the Problem overrides it). A non-finite output where the reference is
 finite is error kind "nan"; NaN never passes; validation covers the whole launch sequence. Timing of the
-whole sequence: ``warmup`` calls, then ``repeats`` calls timed one by one; the result keeps median, IQR and
-min. cpu: ``time.perf_counter_ns``. cuda: the sequence is captured ``copies`` times into one CUDA graph, each
+whole sequence: ``warmup`` calls, then ``repeats`` calls timed one by one (fewer, at least 3, once they have
+taken a second: ``worker.TIMING_BUDGET_S``); the result keeps median, IQR, min and the count.
+cpu: ``time.perf_counter_ns``. cuda: the sequence is captured ``copies`` times into one CUDA graph, each
 copy on its own set of buffers, with enough copies that together they exceed twice the L2 cache (so every
 replay reads from device memory); each replay is timed with CUDA events and divided by ``copies``.
 

@@ -11,6 +11,7 @@ and compiled in parallel (``transforms.build``), then validated and timed one at
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -162,7 +163,7 @@ def kernels(program: LoopProgram, recipes: Sequence[Recipe], backend: str) -> li
 
 
 def evaluator(
-    task: Task, *, backend: str, cache_dir: Path, worker: Worker | None = None, jobs: int = 4,
+    task: Task, *, backend: str, cache_dir: Path, worker: Worker | None = None, jobs: int = os.cpu_count() or 4,
     repeats: int = 10, timeout_s: float = 30.0,
 ) -> Callable[[list[Recipe]], list[RunResult]]:
     """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time."""

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,10 @@ MAX_COPY_BYTES = 8 << 30
 DEFAULT_SHARED_LIMIT = 48 * 1024
 CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT = 70, -1  # cublasComputeType_t, cublasGemmAlgo_t (op N = 0, T = 1)
 CUBLAS_WORKSPACE_BYTES = 32 << 20
+#: Timing stops after this many seconds of timed calls once MIN_REPEATS are in: a candidate far slower than the
+#: rest (a bad random recipe) costs about a second, not ``repeats`` times its own run time.
+TIMING_BUDGET_S = 1.0
+MIN_REPEATS = 3
 
 
 def host_arrays(launches: Sequence[Launch], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -70,6 +74,16 @@ def check(output: np.ndarray, reference: np.ndarray, tolerance: float) -> tuple[
     return None, worst, ""
 
 
+def within_budget(repeats: int) -> Iterator[int]:
+    """Indices of timed calls: ``repeats`` of them, fewer (at least :data:`MIN_REPEATS`) once
+    :data:`TIMING_BUDGET_S` of wall time has passed since the first."""
+    deadline = time.perf_counter() + TIMING_BUDGET_S
+    for k in range(repeats):
+        if k >= MIN_REPEATS and time.perf_counter() > deadline:
+            return
+        yield k
+
+
 class CpuBackend:
     """Calls each launch's ``entry(...)`` of a shared library through ctypes; times with perf_counter_ns."""
 
@@ -94,8 +108,8 @@ class CpuBackend:
     def time(self, call: Call, warmup: int, repeats: int) -> list[float]:
         for _ in range(warmup):
             call()
-        times = []
-        for _ in range(repeats):
+        times: list[float] = []
+        for _ in within_budget(repeats):
             start = time.perf_counter_ns()
             call()
             times.append((time.perf_counter_ns() - start) * 1e-9)
@@ -156,8 +170,8 @@ class CudaBackend:
         for _ in range(max(warmup, 1)):
             graph.launch(self.stream)
         start, end = cp.cuda.Event(), cp.cuda.Event()
-        times = []
-        for _ in range(repeats):
+        times: list[float] = []
+        for _ in within_budget(repeats):
             start.record(self.stream)
             graph.launch(self.stream)
             end.record(self.stream)

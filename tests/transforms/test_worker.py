@@ -1,11 +1,13 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from transforms import worker
 from transforms.run import Buffer, Launch, Scalar
 from transforms.worker import check, copies_past_l2, host_arrays
 
@@ -80,3 +82,11 @@ def test_buffer_copies_exceed_twice_the_l2_cache():
     assert copies_past_l2(10 << 20, 50 << 20) == 11  # 11 x 10 MB > 100 MB
     assert copies_past_l2(1 << 30, 50 << 20) == 2  # already past L2: two copies, so replays alternate buffers
     assert copies_past_l2(4 << 30, 60 << 20) == 2
+
+
+def test_timing_stops_early_for_a_slow_candidate_but_keeps_a_minimum(monkeypatch):
+    monkeypatch.setattr(worker, "TIMING_BUDGET_S", 0.05)
+    slow = worker.CpuBackend().time(lambda: time.sleep(0.03), warmup=0, repeats=50)
+    fast = worker.CpuBackend().time(lambda: None, warmup=0, repeats=50)
+    assert worker.MIN_REPEATS <= len(slow) < 10
+    assert len(fast) == 50
