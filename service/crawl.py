@@ -19,7 +19,7 @@ from service.store import add_measurements, add_profiles, add_subgraphs, registe
 from transforms.adapt import adapt
 from transforms.recipe import Recipe, parse
 from transforms.search import create
-from transforms.search.strategy import Measured
+from transforms.search.strategy import Measured, search
 from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import Task, make_task
 
@@ -43,10 +43,7 @@ def tune_one(task: Task, key: str, measurer: Measurer, *, backend: str, strategy
     default = default_recipe(task.program, backend)
     searcher = create(strategy, space, budget=budget, seed=seed)
     searcher.tell(list(zip([default], measurer.measure(task, key, [default]), strict=True)))
-    # Not ``strategy.search``: the default was told without being asked, so a strategy that has proposed the
-    # whole space never counts itself exhausted there; here nothing is pending, so an empty ask means done.
-    while recipes := searcher.ask(batch):
-        searcher.tell(list(zip(recipes, measurer.measure(task, key, recipes), strict=True)))
+    search(searcher, lambda recipes: measurer.measure(task, key, recipes), batch=batch)
     return searcher.history
 
 

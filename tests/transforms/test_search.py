@@ -107,6 +107,20 @@ def test_random_exhausts_a_small_space_exactly_and_stops():
     assert len(replay.calls) == 24 and len(set(replay.calls)) == 24 and strategy.done
 
 
+@pytest.mark.parametrize("name", ["random", "evolutionary", "exhaustive"])
+def test_a_search_told_a_starting_point_it_never_asked_still_ends_on_a_small_space(name):
+    replay = Replay(random_table((3, 2), seed=1))
+    strategy = create(name, knob_space((3, 2)), budget=50, seed=0)
+    start = parse("knob0(0);knob1(0)")
+    strategy.tell([(start, replay([start])[0])])  # as tune and crawl do with the default recipe
+    for _ in range(100):  # search()'s loop, bounded: a pending-count check never saw this space exhausted
+        if strategy.done:
+            break
+        recipes = strategy.ask(4)
+        strategy.tell(list(zip(recipes, replay(recipes), strict=True)))
+    assert strategy.done and {format(r) for r in replay.calls} == set(random_table((3, 2), seed=1))
+
+
 def test_random_is_reproducible_from_its_seed():
     space = knob_space((6, 6, 6))
     first = RandomSearch(space, budget=10, seed=11).ask(10)

@@ -31,6 +31,7 @@ class Strategy(ABC):
         self.rng = random.Random(seed)
         self.asked: set[Recipe] = set()
         self.history: list[Measured] = []
+        self.told: set[Recipe] = set()
         self.best: Measured | None = None
         self._exhausted = False
 
@@ -45,15 +46,17 @@ class Strategy(ABC):
         if n <= 0 or self.done:
             return []
         recipes = self._propose(n)
-        if not recipes and len(self.history) == len(self.asked):
+        if not recipes and self.asked <= self.told:
             self._exhausted = True  # nothing new, and no pending result could change that
         self.asked.update(recipes)
         return recipes
 
     def tell(self, results: Sequence[Measured]) -> None:
-        """Record measured results (in any order, failures included)."""
+        """Record measured results (in any order, failures included; also of recipes never asked, e.g. a
+        starting point)."""
         for recipe, result in results:
             self.history.append((recipe, result))
+            self.told.add(recipe)
             if result.ok and (self.best is None or result.score < self.best[1].score):
                 self.best = (recipe, result)
 
