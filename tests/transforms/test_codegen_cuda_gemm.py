@@ -107,6 +107,8 @@ CASES = [  # (graph, recipe, what the PTX must hold)
     (linear(33, 17, 29, "float32", act="relu"), "gemm(simt,64,64,16,4,1,8)", ("fma.rn.f32",)),
     (bmm(3, 20, 30, 40, "float64"), "gemm(simt,32,32,8,2,1,1)", ("fma.rn.f64",)),
     (linear(64, 40, 48, "bfloat16", act="silu"), "gemm(cublas)", (".entry tb_gemm",)),
+    (linear(96, 64, 80), "gemm(mma,64,128,32,4,3,4)", ("mma.sync",)),  # raster groups of 4 tile rows
+    (linear(33, 40, 29, "float32"), "gemm(simt,32,32,32,4,1,4)", ("fma.rn.f32",)),
 ]
 
 
