@@ -140,7 +140,7 @@ def _compute(c: Contraction) -> DType:
 
 
 MMA_TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
-SIMT_TILES = ((32, 32), (64, 64), (64, 128), (128, 64), (128, 128))
+SIMT_TILES = ((32, 32), (32, 64), (64, 32), (64, 64), (32, 128), (128, 32), (64, 128), (128, 64), (128, 128))
 SWIZZLES = (1, 4, 8)  # tile rows per raster group
 
 
@@ -151,7 +151,7 @@ def gemm_configs(c: Contraction) -> list[GemmConfig]:
         found = [GemmConfig("mma", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
         default = GemmConfig("mma", 128, 128, 32, 4, 3, 8)
     else:
-        grid = product(SIMT_TILES, (8, 16, 32), (2, 4, 8), (1,), SWIZZLES)
+        grid = product(SIMT_TILES, (8, 16, 32), (1, 2, 4, 8), (1,), SWIZZLES)
         found = [GemmConfig("simt", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
         default = GemmConfig("simt", 64, 64, 16, 4, 1, 8)
     legal = [g for g in found if g.legal(c) and g != default]

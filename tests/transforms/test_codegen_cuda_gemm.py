@@ -109,6 +109,8 @@ CASES = [  # (graph, recipe, what the PTX must hold)
     (linear(64, 40, 48, "bfloat16", act="silu"), "gemm(cublas)", (".entry tb_gemm",)),
     (linear(96, 64, 80), "gemm(mma,64,128,32,4,3,4)", ("mma.sync",)),  # raster groups of 4 tile rows
     (linear(33, 40, 29, "float32"), "gemm(simt,32,32,32,4,1,4)", ("fma.rn.f32",)),
+    (linear(70, 24, 130, "float32", act="relu"), "gemm(simt,32,128,8,4,1,1)", ("fma.rn.f32",)),  # rectangular
+    (bmm(2, 40, 36, 20, "float32"), "gemm(simt,32,32,8,1,1,8)", ("fma.rn.f32",)),  # one warp
 ]
 
 
