@@ -52,6 +52,7 @@ class BenchConfig:
     held_out: tuple[str, ...] | None = None  # models to hold out (default: every model)
     strategy: str = "evolutionary"
     local_budget: int = 0
+    per_neighbour: int = 1  # recipes each neighbour gives (its fastest)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -193,7 +194,8 @@ class TransferBench:
                             k: _summary(transfer_tune(
                                 self.tasks[key], key, vector, session=session, index=index, device_id=device_id,
                                 measurer=self.measurer, backend=self.backend, k=k,
-                                local_budget=self.config.local_budget, exclude={key}, seed=self.config.seed))
+                                local_budget=self.config.local_budget, exclude={key}, seed=self.config.seed,
+                                per_neighbour=self.config.per_neighbour))
                             for k in self.config.ks
                         }
         finally:

@@ -1,6 +1,6 @@
 """The transfer tuning step (strategy ``transfer``): embed the subgraph, take its k nearest neighbours of the
-same kind on the same device class, adapt their best recipes, validate and time them against the default
-recipe (the baseline), keep the fastest; optionally hill-climb from it with a small budget.
+same kind on the same device class, adapt their best recipes (or each one's fastest few), validate and time them
+against the default recipe (the baseline), keep the fastest; optionally hill-climb from it with a small budget.
 
     result = transfer_tune(task, key, vector, session=s, index=index, device_id=d, measurer=m, backend="cpu", k=5)
     result.winner, result.winner_s, result.evaluations, [(n.distance, n.changes) for n in result.neighbours]
@@ -13,7 +13,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from db.index import VectorIndex
-from db.repositories.rankings import best_recipes
+from db.repositories.rankings import best_recipes, top_k_recipes
 from service.measure import Measurer
 from transforms.adapt import adapt
 from transforms.recipe import Recipe, parse
@@ -26,7 +26,7 @@ from transforms.tune import Task
 
 @dataclass(frozen=True)
 class Neighbour:
-    """A neighbour in embedding space, its best recipe and that recipe adapted to the query subgraph."""
+    """A neighbour in embedding space, one of its fastest recipes and that recipe adapted to the query subgraph."""
 
     subgraph_id: int
     structural_hash: str
@@ -64,27 +64,36 @@ class TransferResult:
 
 
 def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task: Task, device_id: int, k: int,
-               backend: str, exclude: Collection[str] = ()) -> list[Neighbour]:
-    """The ``k`` nearest subgraphs of the task's kind that have a best recipe on the device (``exclude``: structural
-    hashes to skip), with their best recipes adapted to the task."""
+               backend: str, exclude: Collection[str] = (), per_neighbour: int = 1) -> list[Neighbour]:
+    """The ``k`` nearest subgraphs of the task's kind that have a measured recipe on the device (``exclude``:
+    structural hashes to skip), each with its ``per_neighbour`` fastest recipes adapted to the task, nearest and
+    fastest first. A recipe none of whose steps applies to the task (it adapts to nothing) is left out."""
     found = index.search(session, vector, k + len(exclude), kinds={task.kind})
     hits = [(row, d) for row, d in zip(found.subgraphs, found.distances, strict=True)
             if row.structural_hash not in exclude][:k]
-    best = best_recipes(session, device_id=device_id, subgraph_ids=[row.id for row, _ in hits])
+    if per_neighbour == 1:
+        best = best_recipes(session, device_id=device_id, subgraph_ids=[row.id for row, _ in hits])
+        ranked = {row.id: [best[row.id]] if row.id in best else [] for row, _ in hits}
+    else:
+        ranked = {row.id: top_k_recipes(session, subgraph_id=row.id, device_id=device_id, k=per_neighbour)
+                  for row, _ in hits}
     out = []
     for row, distance in hits:
-        if row.id in best:
-            source = best[row.id].recipe
-            recipe, changes = adapt(parse(source), task.program, backend)
-            out.append(Neighbour(row.id, row.structural_hash, distance, source, str(recipe), tuple(changes)))
+        for timing in ranked[row.id]:
+            recipe, changes = adapt(parse(timing.recipe), task.program, backend)
+            if recipe:
+                out.append(Neighbour(row.id, row.structural_hash, distance, timing.recipe, str(recipe),
+                                     tuple(changes)))
     return out
 
 
 def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session, index: VectorIndex, device_id: int,
                   measurer: Measurer, backend: str, k: int = 5, local_budget: int = 0, exclude: Collection[str] = (),
-                  seed: int = 0) -> TransferResult:
-    """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``)."""
-    near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude)
+                  seed: int = 0, per_neighbour: int = 1) -> TransferResult:
+    """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``); each of
+    the ``k`` neighbours gives its ``per_neighbour`` fastest recipes."""
+    near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude,
+                      per_neighbour=per_neighbour)
     default = default_recipe(task.program, backend)
     candidates = [parse(n.recipe) for n in near]
     searcher = create("given_candidates", RecipeSpace(task.program, backend), candidates=[default, *candidates],

@@ -51,11 +51,19 @@ def test_crawl_stores_searches_cross_table_and_profiles(tmp_path: Path, tiny_sub
                                measurer=measurer, backend="cpu", k=3, exclude={query.structural_hash})
         kept = transfer_tune(task, query.structural_hash, vector, session=session, index=index, device_id=1,
                              measurer=measurer, backend="cpu", k=1, local_budget=3)
+        wide = transfer_tune(task, query.structural_hash, vector, session=session, index=index, device_id=1,
+                             measurer=measurer, backend="cpu", k=3, exclude={query.structural_hash}, per_neighbour=3)
     (neighbour,) = result.neighbours  # one other subgraph of the same kind; the query itself is excluded
     assert neighbour.structural_hash != query.structural_hash and neighbour.distance > 0
     assert result.tried[0].origin == "default" and result.tried[0].recipe == str(default_recipe(task.program))
     assert result.evaluations == len({t.recipe for t in result.tried}) <= 2
     assert result.winner_s == min(t.result.score for t in result.tried) and result.speedup >= 1.0
+    # each neighbour gives its 3 fastest recipes, fastest first, the best one being what per_neighbour=1 took
+    sources = [n.source_recipe for n in wide.neighbours]
+    times = [measurer.table.results[neighbour.structural_hash][r] for r in sources]
+    assert {n.structural_hash for n in wide.neighbours} == {neighbour.structural_hash}
+    assert len(set(sources)) == 3 and sources[0] == neighbour.source_recipe and times == sorted(times)
+    assert wide.evaluations > result.evaluations
     assert kept.neighbours[0].distance == 0.0  # not excluded: the query's own row is its nearest neighbour
     assert [t.origin for t in kept.tried].count("local") == 3 and math.isfinite(kept.winner_s)
 
