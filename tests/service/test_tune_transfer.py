@@ -56,4 +56,8 @@ def test_tune_transfer_reports_neighbours_and_a_validated_winner(cli: tuple[CliR
     table = runner.invoke(app, [*args, "--local-budget", "2", "--encoder", "learned"])
     assert table.exit_code == 0, table.output
     assert "transfer (learned, k 2, local budget 2)" in table.output and "winner (validated)" in table.output
+    wide = json.loads(runner.invoke(app, [*args, "--per-neighbour", "3", "--json"]).output)
+    for row, narrow in zip(wide, rows, strict=True):  # up to 3 recipes from each of the same 2 neighbours
+        assert {n["structural_hash"] for n in row["neighbours"]} == {n["structural_hash"] for n in narrow["neighbours"]}
+        assert len(narrow["neighbours"]) <= len(row["neighbours"]) <= 3 * len(narrow["neighbours"])
     assert runner.invoke(app, [*args, "--encoder", "nope"]).exit_code == 2

@@ -50,6 +50,7 @@ def tune_command(
     reorder: Annotated[bool, typer.Option("--reorder", help="also tune (A·X)·W for each A·(X·W) chain")] = False,
     k: Annotated[int, typer.Option("--k", min=1, help="transfer: neighbours whose best recipes are tried")] = 5,
     local_budget: Annotated[int, typer.Option(min=0, help="transfer: local-search recipes after the neighbours")] = 0,
+    per_neighbour: Annotated[int, typer.Option(min=1, help="transfer: recipes each neighbour gives (its fastest)")] = 1,
     encoder: Annotated[str, typer.Option(help="transfer: static | static+profiled | learned")] = "static",
 ) -> None:
     """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups."""
@@ -66,7 +67,7 @@ def tune_command(
         fail(str(e).splitlines()[0])
     if strategy == "transfer":
         _transfer(model, graph, backend=backend, cache_dir=cache_dir, encoder=encoder, k=k,
-                  local_budget=local_budget, seed=seed, as_json=as_json)
+                  local_budget=local_budget, per_neighbour=per_neighbour, seed=seed, as_json=as_json)
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=as_json) as bar:
@@ -116,14 +117,15 @@ def transfer_measurer(backend: str, cache_dir: Path, worker: Worker) -> Measurer
 
 
 def _transfer(model: str, graph: Graph, *, backend: str, cache_dir: Path, encoder: str, k: int, local_budget: int,
-              seed: int, as_json: bool) -> None:
+              per_neighbour: int, seed: int, as_json: bool) -> None:
     settings = Settings()
     database = Database(settings.resolved_database_url)
     try:
         with Worker() as worker:
             measurer = transfer_measurer(backend, cache_dir, worker)
             results = transfer_model(database, graph, measurer, backend=backend, index_dir=settings.index_dir,
-                                     encoder=encoder, k=k, local_budget=local_budget, seed=seed)
+                                     encoder=encoder, k=k, local_budget=local_budget, per_neighbour=per_neighbour,
+                                     seed=seed)
     except (DbError, EmbedError, UnknownNameError, LookupError, ValueError) as e:
         fail(str(e).splitlines()[0])
     finally:
