@@ -367,6 +367,14 @@ class RowEmitter:
             self.line(text)
         self.pending = []
 
+    def named(self, values: list[str], prefix: str) -> list[str]:
+        """Emit the pending loads, then each of ``values`` as a fresh const variable; their names."""
+        self.flush()
+        names = [self.var(prefix) for _ in values]
+        for name, value in zip(names, values, strict=True):
+            self.line(f"const {self.ctype} {name} = {value};")
+        return names
+
     def guarded(self, text: str, *extra: str) -> None:
         conds = [c for c in (self.guard, *extra) if c]
         self.line(f"if ({' && '.join(conds)}) {{ {text} }}" if conds else text)
@@ -377,13 +385,7 @@ class RowEmitter:
         st, ext = nest.statement, extents(nest)
 
         def body() -> None:
-            vals = self.values(st.body, env, ext)
-            self.flush()
-            names = []
-            for v in vals:
-                name = self.var("o")
-                self.line(f"const {self.ctype} {name} = {v};")
-                names.append(name)
+            names = self.named(self.values(st.body, env, ext), "o")
             self.store(st.write, {**env, self.inner: self.kc}, ext, names)
 
         self.chunks(body)
@@ -426,13 +428,7 @@ class RowEmitter:
         self.line(f"{self.ctype} {m} = {literal(-math.inf, self.ctype)}, {s} = {literal(0.0, self.ctype)};")
 
         def body() -> None:
-            vals = self.values(first.statement.body, env, ext)
-            self.flush()
-            xs = []
-            for v in vals:
-                x = self.var("x")
-                self.line(f"const {self.ctype} {x} = {v};")
-                xs.append(x)
+            xs = self.named(self.values(first.statement.body, env, ext), "x")
             cm, cs = self.var("cm"), self.var("cs")
             chunk_max = xs[0]
             for x in xs[1:]:
