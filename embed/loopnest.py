@@ -33,7 +33,7 @@ Dimensions are named by their role.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -344,14 +344,17 @@ def _children(expr: Expr) -> tuple[Expr, ...]:
     return ()
 
 
-def rename_expr(expr: Expr, names: Mapping[str, str]) -> Expr:
-    if isinstance(expr, Load):
-        return Load(expr.access.rename(names))
+def map_leaves(expr: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
+    """``expr`` rebuilt with every leaf (anything but a Call or Cast) replaced by ``leaf(node)``."""
     if isinstance(expr, Call):
-        return Call(expr.op, tuple(rename_expr(a, names) for a in expr.args))
+        return Call(expr.op, tuple(map_leaves(a, leaf) for a in expr.args))
     if isinstance(expr, Cast):
-        return Cast(expr.dtype, rename_expr(expr.arg, names))
-    return expr
+        return Cast(expr.dtype, map_leaves(expr.arg, leaf))
+    return leaf(expr)
+
+
+def rename_expr(expr: Expr, names: Mapping[str, str]) -> Expr:
+    return map_leaves(expr, lambda e: Load(e.access.rename(names)) if isinstance(e, Load) else e)
 
 
 # ---------------------------------------------------------------------------------------------

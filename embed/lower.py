@@ -52,6 +52,7 @@ from embed.loopnest import (
     Statement,
     floordiv,
     make_nest,
+    map_leaves,
     mod,
 )
 from embed.ops import BINARY, UNARY
@@ -198,13 +199,7 @@ class _Lowering:
 
 
 def _substitute_acc(expr: Expr, value: Expr) -> Expr:
-    if isinstance(expr, Acc):
-        return value
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(_substitute_acc(a, value) for a in expr.args))
-    if isinstance(expr, Cast):
-        return Cast(expr.dtype, _substitute_acc(expr.arg, value))
-    return expr
+    return map_leaves(expr, lambda e: value if isinstance(e, Acc) else e)
 
 
 def _call(op: str, *args: Expr) -> Call:

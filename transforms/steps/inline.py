@@ -12,14 +12,13 @@ from embed.loopnest import (
     Access,
     Affine,
     BufferKind,
-    Call,
-    Cast,
     Expr,
     Indirect,
     Load,
     LoopNest,
     LoopProgram,
     Statement,
+    map_leaves,
 )
 from transforms.recipe import Step
 from transforms.schedule import Schedule
@@ -42,26 +41,25 @@ def _subst(e: Affine, values: dict[str, Affine]) -> Affine:
 
 
 def _subst_expr(expr: Expr, values: dict[str, Affine]) -> Expr:
-    if isinstance(expr, Load):
-        a = expr.access
+    def leaf(e: Expr) -> Expr:
+        if not isinstance(e, Load):
+            return e
+        a = e.access
         return Load(Access(a.tensor, tuple(_subst(i, values) for i in a.index), a.fill))
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(_subst_expr(x, values) for x in expr.args))
-    if isinstance(expr, Cast):
-        return Cast(expr.dtype, _subst_expr(expr.arg, values))
-    return expr
+
+    return map_leaves(expr, leaf)
 
 
 def _replace_reads(expr: Expr, producer: LoopNest) -> Expr:
     write = producer.statement.write
-    if isinstance(expr, Load) and expr.access.tensor == write.tensor:
+
+    def leaf(e: Expr) -> Expr:
+        if not (isinstance(e, Load) and e.access.tensor == write.tensor):
+            return e
         dims = [next(iter(i.dims())) for i in write.index]
-        return _subst_expr(producer.statement.body, dict(zip(dims, expr.access.index, strict=True)))
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(_replace_reads(x, producer) for x in expr.args))
-    if isinstance(expr, Cast):
-        return Cast(expr.dtype, _replace_reads(expr.arg, producer))
-    return expr
+        return _subst_expr(producer.statement.body, dict(zip(dims, e.access.index, strict=True)))
+
+    return map_leaves(expr, leaf)
 
 
 def _inlinable(program: LoopProgram, i: int) -> bool:
