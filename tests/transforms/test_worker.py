@@ -86,7 +86,15 @@ def test_buffer_copies_exceed_twice_the_l2_cache():
 
 def test_timing_stops_early_for_a_slow_candidate_but_keeps_a_minimum(monkeypatch):
     monkeypatch.setattr(worker, "TIMING_BUDGET_S", 0.05)
-    slow = worker.CpuBackend().time(lambda: time.sleep(0.03), warmup=0, repeats=50)
-    fast = worker.CpuBackend().time(lambda: None, warmup=0, repeats=50)
+    slow = worker.CpuBackend().time(lambda: time.sleep(0.03), warmup=0, repeats=50, call_s=0.03)
+    fast = worker.CpuBackend().time(lambda: None, warmup=0, repeats=50, call_s=0.0)
     assert worker.MIN_REPEATS <= len(slow) < 10
     assert len(fast) == 50
+
+
+def test_a_long_call_is_timed_without_warm_up():
+    calls = []
+    worker.CpuBackend().time(lambda: calls.append(1), warmup=5, repeats=3, call_s=worker.LONG_CALL_S)
+    assert len(calls) == 3
+    worker.CpuBackend().time(lambda: calls.append(1), warmup=5, repeats=3, call_s=0.0)
+    assert len(calls) == 3 + 8
