@@ -133,7 +133,9 @@ def report_markdown(outcomes: Sequence[HeldOut], config: BenchConfig, measurer: 
         f"Optimum: fastest time measured on the subgraph by anything in the run, including a {config.strategy} "
         f"search of {config.budget} recipes (+ default), which covered the whole space of {whole} of the "
         f"{len(outcomes)}; {measurer.table.size} kernels measured ({measurer.evaluations} by this process). "
-        f"Recipes per neighbour: {config.per_neighbour}. Local search after transfer: {config.local_budget} recipes.",
+        f"Recipes per neighbour: {config.per_neighbour}"
+        f"{'; random recipes fill the places neighbours leave' if config.fill else ''}. "
+        f"Local search after transfer: {config.local_budget} recipes.",
     ]
     if runs:
         lines.append("Measured in: " + "; ".join(

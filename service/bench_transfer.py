@@ -32,9 +32,8 @@ from service.crawl import baseline, best_of, cross_recipes, profile_vector, tune
 from service.embeddings import embed_subgraphs, fit_encoder
 from service.measure import Measurer
 from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
-from service.transfer import transfer_tune
+from service.transfer import random_recipes, transfer_tune
 from transforms.recipe import parse
-from transforms.search.random_search import RandomSearch
 from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import Task, make_task
 
@@ -53,6 +52,7 @@ class BenchConfig:
     strategy: str = "evolutionary"
     local_budget: int = 0
     per_neighbour: int = 1  # recipes each neighbour gives (its fastest)
+    fill: bool = True  # random recipes make up the candidates the neighbours did not give
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -195,7 +195,7 @@ class TransferBench:
                                 self.tasks[key], key, vector, session=session, index=index, device_id=device_id,
                                 measurer=self.measurer, backend=self.backend, k=k,
                                 local_budget=self.config.local_budget, exclude={key}, seed=self.config.seed,
-                                per_neighbour=self.config.per_neighbour))
+                                per_neighbour=self.config.per_neighbour, fill=self.config.fill))
                             for k in self.config.ks
                         }
         finally:
@@ -221,8 +221,7 @@ class TransferBench:
     def _random_k(self, key: str) -> dict[int, float]:
         """Best of the default recipe and the first k of ``max(random_k)`` uniform random recipes, per k."""
         task, ks = self.tasks[key], self.config.random_k
-        picks = RandomSearch(RecipeSpace(task.program, self.backend), budget=max(ks), seed=self.config.seed + 1).ask(
-            max(ks))
+        picks = random_recipes(task, self.backend, max(ks), seed=self.config.seed)
         default = default_recipe(task.program, self.backend)
         scores = [r.score for r in self.measurer.measure(task, key, [default, *picks])]
         return {k: min(scores[: k + 1]) for k in ks}

@@ -2,6 +2,11 @@
 same kind on the same device class, adapt their best recipes (or each one's fastest few), validate and time them
 against the default recipe (the baseline), keep the fastest; optionally hill-climb from it with a small budget.
 
+Neighbours often give fewer distinct candidates than they are asked for (two adapt to the same recipe, a recipe
+adapts to nothing, the database has no subgraph of the kind): with ``fill`` the remaining places of the
+``k * per_neighbour`` candidates go to uniform random recipes (:func:`random_recipes`), so that k buys the same
+number of measurements whatever the neighbours hold.
+
     result = transfer_tune(task, key, vector, session=s, index=index, device_id=d, measurer=m, backend="cpu", k=5)
     result.winner, result.winner_s, result.evaluations, [(n.distance, n.changes) for n in result.neighbours]
 """
@@ -19,6 +24,7 @@ from transforms.adapt import adapt
 from transforms.recipe import Recipe, parse
 from transforms.results import RunResult
 from transforms.search import create
+from transforms.search.random_search import RandomSearch
 from transforms.search.strategy import search
 from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import Task
@@ -40,7 +46,7 @@ class Neighbour:
 class Tried:
     recipe: str
     result: RunResult
-    origin: str  # "default", "neighbour" or "local"
+    origin: str  # "default", "neighbour", "random" (fill) or "local"
 
 
 @dataclass(frozen=True)
@@ -87,21 +93,29 @@ def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task
     return out
 
 
+def random_recipes(task: Task, backend: str, n: int, *, seed: int) -> list[Recipe]:
+    """``n`` distinct uniform random recipes of the task's space; the first m of n are the same for any n >= m."""
+    return RandomSearch(RecipeSpace(task.program, backend), budget=n, seed=seed + 1).ask(n)
+
+
 def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session, index: VectorIndex, device_id: int,
                   measurer: Measurer, backend: str, k: int = 5, local_budget: int = 0, exclude: Collection[str] = (),
-                  seed: int = 0, per_neighbour: int = 1) -> TransferResult:
+                  seed: int = 0, per_neighbour: int = 1, fill: bool = False) -> TransferResult:
     """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``); each of
-    the ``k`` neighbours gives its ``per_neighbour`` fastest recipes."""
+    the ``k`` neighbours gives its ``per_neighbour`` fastest recipes; with ``fill``, random recipes make up the
+    candidates the neighbours did not give."""
     near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude,
                       per_neighbour=per_neighbour)
     default = default_recipe(task.program, backend)
-    candidates = [parse(n.recipe) for n in near]
-    searcher = create("given_candidates", RecipeSpace(task.program, backend), candidates=[default, *candidates],
+    given = list(dict.fromkeys(parse(n.recipe) for n in near if parse(n.recipe) != default))
+    wanted = k * per_neighbour - len(given) if fill else 0
+    drawn = [r for r in random_recipes(task, backend, wanted + len(given) + 1, seed=seed) if r not in given and
+             r != default][:wanted] if wanted > 0 else []
+    searcher = create("given_candidates", RecipeSpace(task.program, backend), candidates=[default, *given, *drawn],
                       local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)
-    given = {str(c) for c in candidates}
-    tried = tuple(Tried(str(r), m, "default" if r == default else "neighbour" if str(r) in given else "local")
-                  for r, m in searcher.history)
+    origins = {r: "neighbour" for r in given} | {r: "random" for r in drawn} | {default: "default"}
+    tried = tuple(Tried(str(r), m, origins.get(r, "local")) for r, m in searcher.history)
     winner: tuple[Recipe, RunResult] = searcher.best or (default, base)
     return TransferResult(tuple(near), tried, str(winner[0]), winner[1].score, base.score)

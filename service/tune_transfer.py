@@ -38,7 +38,7 @@ class SubgraphTransfer:
 
 def transfer_model(database: Database, graph: Graph, measurer: Measurer, *, backend: str, index_dir: Path,
                    encoder: str = "static", k: int = 5, local_budget: int = 0, per_neighbour: int = 1,
-                   seed: int = 0) -> list[SubgraphTransfer]:
+                   fill: bool = True, seed: int = 0) -> list[SubgraphTransfer]:
     """Transfer-tune each distinct tunable subgraph of ``graph`` on the measurer's device. Raises
     ``SchemaOutOfDateError`` for an old schema and ``NoEmbeddingsError`` when the device has nothing crawled."""
     check_schema(database.engine)
@@ -67,6 +67,6 @@ def transfer_model(database: Database, graph: Graph, measurer: Measurer, *, back
         with database.scope() as session:
             result = transfer_tune(task, h, fitted.encode(features)[0], session=session, index=index,
                                    device_id=device_id, measurer=measurer, backend=backend, k=k,
-                                   local_budget=local_budget, per_neighbour=per_neighbour, seed=seed)
+                                   local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed)
         out.append(SubgraphTransfer(task.name, task.kind, h, result))
     return out

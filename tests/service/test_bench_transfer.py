@@ -85,7 +85,7 @@ def test_transfer_beats_default_and_random_picks_on_a_recorded_cpu_table() -> No
         transfer5 = rows[("transfer", encoder, 5)]
         assert transfer5.fraction_of_optimum > 2.0 * default.fraction_of_optimum
         assert transfer5.fraction_of_optimum > 1.3 * random5.fraction_of_optimum
-        assert transfer5.evaluations < random5.evaluations  # and with fewer evaluations (k + 1 at most)
+        assert transfer5.evaluations == random5.evaluations == 6  # k + 1: random recipes fill what neighbours leave
         assert transfer5.speedup_vs_default > 2.5
 
 

@@ -15,8 +15,9 @@ from embed.subgraph import Subgraph
 from service.crawl import crawl
 from service.embeddings import embed_subgraphs, fit_encoder, profiled_subgraphs
 from service.store import FAILED_LOSS, transfer_pairs
-from service.transfer import transfer_tune
+from service.transfer import random_recipes, transfer_tune
 from tests.service.conftest import synthetic_measurer
+from transforms.recipe import parse
 from transforms.space import default_recipe
 from transforms.tune import make_task
 
@@ -53,6 +54,8 @@ def test_crawl_stores_searches_cross_table_and_profiles(tmp_path: Path, tiny_sub
                              measurer=measurer, backend="cpu", k=1, local_budget=3)
         wide = transfer_tune(task, query.structural_hash, vector, session=session, index=index, device_id=1,
                              measurer=measurer, backend="cpu", k=3, exclude={query.structural_hash}, per_neighbour=3)
+        filled = transfer_tune(task, query.structural_hash, vector, session=session, index=index, device_id=1,
+                               measurer=measurer, backend="cpu", k=3, exclude={query.structural_hash}, fill=True)
     (neighbour,) = result.neighbours  # one other subgraph of the same kind; the query itself is excluded
     assert neighbour.structural_hash != query.structural_hash and neighbour.distance > 0
     assert result.tried[0].origin == "default" and result.tried[0].recipe == str(default_recipe(task.program))
@@ -66,6 +69,13 @@ def test_crawl_stores_searches_cross_table_and_profiles(tmp_path: Path, tiny_sub
     assert wide.evaluations > result.evaluations
     assert kept.neighbours[0].distance == 0.0  # not excluded: the query's own row is its nearest neighbour
     assert [t.origin for t in kept.tried].count("local") == 3 and math.isfinite(kept.winner_s)
+    # one neighbour recipe for k = 3: two random recipes fill the rest, the first two not already tried
+    origins = [t.origin for t in filled.tried]
+    assert filled.evaluations == 4 and origins.count("neighbour") == 1 and origins.count("random") == 2
+    tried = {default_recipe(task.program), *(parse(n.recipe) for n in result.neighbours)}
+    assert [parse(t.recipe) for t in filled.tried if t.origin == "random"] == [
+        r for r in random_recipes(task, "cpu", 5, seed=0) if r not in tried][:2]
+    assert filled.winner_s <= result.winner_s
 
 
 def _features(subgraph: Subgraph):  # noqa: ANN202

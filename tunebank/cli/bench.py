@@ -92,6 +92,8 @@ def transfer_command(
     held_out: Annotated[str, typer.Option(help="models to hold out (default: each of --models)")] = "",
     local_budget: Annotated[int, typer.Option(min=0, help="local-search recipes after transfer")] = 0,
     per_neighbour: Annotated[int, typer.Option(min=1, help="recipes each neighbour gives (its fastest)")] = 1,
+    fill: Annotated[bool, typer.Option(help="random recipes fill the places the neighbours leave of k x "
+                                            "per-neighbour")] = True,
     strategy: Annotated[str, typer.Option(help="search for the optimum: exhaustive | random | evolutionary")] = (
         "evolutionary"),
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per kernel (median)")] = 10,
@@ -118,7 +120,7 @@ def transfer_command(
         config = BenchConfig(models=_csv(models), backend=backend, budget=budget,
                              ks=tuple(int(v) for v in _csv(k)), random_ks=tuple(int(v) for v in _csv(random_k)) or None,
                              encoders=_csv(encoders), held_out=_csv(held_out) or None, strategy=strategy,
-                             local_budget=local_budget, per_neighbour=per_neighbour, seed=seed)
+                             local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed)
     except (ValueError, UnknownNameError) as e:
         fail(str(e))
     if cpu_threads:

@@ -51,6 +51,8 @@ def tune_command(
     k: Annotated[int, typer.Option("--k", min=1, help="transfer: neighbours whose best recipes are tried")] = 5,
     local_budget: Annotated[int, typer.Option(min=0, help="transfer: local-search recipes after the neighbours")] = 0,
     per_neighbour: Annotated[int, typer.Option(min=1, help="transfer: recipes each neighbour gives (its fastest)")] = 1,
+    fill: Annotated[bool, typer.Option(help="transfer: random recipes fill the places the neighbours leave of "
+                                            "k x per-neighbour")] = True,
     encoder: Annotated[str, typer.Option(help="transfer: static | static+profiled | learned")] = "static",
 ) -> None:
     """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups."""
@@ -67,7 +69,7 @@ def tune_command(
         fail(str(e).splitlines()[0])
     if strategy == "transfer":
         _transfer(model, graph, backend=backend, cache_dir=cache_dir, encoder=encoder, k=k,
-                  local_budget=local_budget, per_neighbour=per_neighbour, seed=seed, as_json=as_json)
+                  local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed, as_json=as_json)
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=as_json) as bar:
@@ -117,7 +119,7 @@ def transfer_measurer(backend: str, cache_dir: Path, worker: Worker) -> Measurer
 
 
 def _transfer(model: str, graph: Graph, *, backend: str, cache_dir: Path, encoder: str, k: int, local_budget: int,
-              per_neighbour: int, seed: int, as_json: bool) -> None:
+              per_neighbour: int, fill: bool, seed: int, as_json: bool) -> None:
     settings = Settings()
     database = Database(settings.resolved_database_url)
     try:
@@ -125,7 +127,7 @@ def _transfer(model: str, graph: Graph, *, backend: str, cache_dir: Path, encode
             measurer = transfer_measurer(backend, cache_dir, worker)
             results = transfer_model(database, graph, measurer, backend=backend, index_dir=settings.index_dir,
                                      encoder=encoder, k=k, local_budget=local_budget, per_neighbour=per_neighbour,
-                                     seed=seed)
+                                     fill=fill, seed=seed)
     except (DbError, EmbedError, UnknownNameError, LookupError, ValueError) as e:
         fail(str(e).splitlines()[0])
     finally:

@@ -1,0 +1,46 @@
+"""A tunebank database filled from a ``tunebank bench transfer`` recording, with no kernel run.
+
+    PYTHONPATH=. .venv/bin/python bench/db_from_recording.py bench/results/transfer_h200.json /tmp/h200.db
+
+The crawler (``service.crawl.crawl``) runs over the recording's models with the recording's search strategy,
+budget and seed, measuring through a replay of the recording: every recipe it tries (the search, the cross
+table) was measured on the recording's device, so the database holds what a crawl on that device would have
+stored. ``bench/gpu_table.py --db`` then transfers from it to the benchmark's shapes, which no zoo model there has.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from db.migrate import upgrade
+from db.session import Database
+from embed.partition import partition
+from service.bench_transfer import load_graph
+from service.crawl import crawl
+from service.measure import MeasurementTable, Measurer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recording", type=Path, help="JSON report or checkpoint of tunebank bench transfer")
+    p.add_argument("database", type=Path, help="SQLite file to create (must not exist)")
+    args = p.parse_args()
+    if args.database.exists():
+        p.error(f"{args.database} exists; choose a new file")
+    recording = json.loads(args.recording.read_text())
+    config = recording["config"]
+    measurer = Measurer(MeasurementTable.from_json(recording["measurements"]))
+    subgraphs = [s for spec in config["models"] for s in partition(load_graph(spec))]
+    database = Database(f"sqlite:///{args.database}")
+    try:
+        upgrade(database.engine)
+        report = crawl(database, subgraphs, measurer, backend=config["backend"], strategy=config["strategy"],
+                       budget=config["budget"], seed=config["seed"])
+    finally:
+        database.dispose()
+    print(f"{args.database}: {report.subgraphs} subgraphs, {report.measurements} measurements "
+          f"({report.cross_applications} cross-applications) on {measurer.table.device.name}")
+
+
+if __name__ == "__main__":
+    main()
