@@ -224,6 +224,9 @@ def cases(quick: bool) -> list[Case]:
         bias_gelu(16384, 4096),
         cross_entropy(8192, 4096),
         cross_entropy(4096, 32000),
+        softmax(8, 128256),  # few, long rows: reduce(split,S)
+        layernorm(8, 65536),
+        cross_entropy(16, 128256),
         matmul_bias_gelu(2048, 1024, 1024),
         matmul_bias_gelu(4096, 768, 3072),
         matmul_bias_gelu(2048, 1000, 1000),

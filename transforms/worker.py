@@ -139,6 +139,7 @@ class CudaBackend:
             if launch.shared_bytes > DEFAULT_SHARED_LIMIT and not launch.library:
                 function.max_dynamic_shared_size_bytes = launch.shared_bytes
         first = {name: cp.asarray(array) for name, array in arrays.items()}
+        cp.cuda.Device().synchronize()  # the uploads ran on the default stream; the kernels run on another
         self.set_bytes = sum(a.nbytes for a in arrays.values())
         self.stream = cp.cuda.Stream(non_blocking=True)
 

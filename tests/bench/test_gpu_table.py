@@ -27,7 +27,7 @@ def test_arguments_and_selection() -> None:
     args = parse_args(["--out", "x"])
     assert (args.budget, args.spmm_budget, args.db, args.modes) == (3, 8, None, "default,max-autotune")
     dense, sparse = selected(args)
-    assert len(dense) == 18 and SPMM not in {c.family for c in dense} and len(sparse) == 6
+    assert len(dense) == 21 and SPMM not in {c.family for c in dense} and len(sparse) == 6
     dense, sparse = selected(parse_args(["--out", "x", "--only", SPMM]))
     assert dense == [] and len(sparse) == 6
     dense, sparse = selected(parse_args(["--out", "x", "--only", "softmax,layernorm", "--sizes", "8192x4096"]))

@@ -90,6 +90,10 @@ def generate_cuda(schedule: Schedule) -> Kernel:
         from transforms.codegen.cuda_spmm import generate_spmm
 
         return generate_spmm(schedule)
+    if schedule.reduce == "split":  # rows cut across blocks: transforms.codegen.cuda_split
+        from transforms.codegen.cuda_split import generate_split
+
+        return generate_split(schedule)
     return _CudaGen(schedule).kernel()
 
 

@@ -23,13 +23,15 @@ words into dynamic shared memory, where each lane re-reads its own words (no bar
 device memory once. It falls back to ``online`` when the copies would exceed :data:`MAX_SHARED_BYTES` a block.
 Per-row scalars (reduction results) live in registers in every mode; lanes combine with sub-warp or warp
 shuffles and, for ``L > 32``, the warps' results again with shuffles through shared memory. A division by a
-per-row value is a multiplication by its reciprocal.
+per-row value is a multiplication by its reciprocal. ``cuda_split`` runs the same emitter over parts of rows
+(``RowPlan.split`` blocks a row, through the ``passes`` / ``run`` / ``reduced`` hooks).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from embed.ir import DType
@@ -60,6 +62,7 @@ class RowPlan:
     pairs: dict[int, str]  # member k starts a one-pass pair ("softmax" | "welford") with member k + 1
     kept: frozenset[str]  # buffers whose values stay in registers inside the group
     staged: dict[str, int] = field(default_factory=dict)  # shared mode: input -> byte offset of its copies
+    split: int = 1  # blocks sharing each row (``cuda_split``): block ``k_split`` walks its own ``chunks`` chunks
 
     @property
     def threads(self) -> int:
@@ -80,19 +83,23 @@ def row_group(g: Group) -> Group | None:
     if all(m.statement.combiner is None for m in members) and g.depth >= 2 and \
             all(len(m.parallel) == g.depth for m in members):
         g = Group(g.nests, g.depth - 1, g.program)
-    if g.depth == 0:
-        return None
+    return g if g.depth > 0 and row_shaped(g) else None
+
+
+def row_shaped(g: Group) -> bool:
+    """Whether every member of ``g`` walks one inner dim past the group's rows, all of one extent: a reduction
+    member exactly one reduction dim, a pointwise member exactly one more parallel dim (nothing ragged)."""
     sizes = set()
     for m in g.members:
         if any(d.ragged is not None for d in m.dims):
-            return None
+            return False
         if m.statement.combiner is not None:
             if len(m.parallel) != g.depth or len(m.reduction) != 1:
-                return None
+                return False
         elif m.reduction or len(m.parallel) != g.depth + 1:
-            return None
+            return False
         sizes.add(_inner(m, g.depth))
-    return g if len(sizes) == 1 else None
+    return len(sizes) == 1
 
 
 def row_length(g: Group) -> int:
@@ -104,7 +111,7 @@ def _inner(m: LoopNest, depth: int) -> int:
     return (m.reduction[0] if m.statement.combiner is not None else m.parallel[depth]).extent
 
 
-def _inner_name(m: LoopNest, depth: int) -> str:
+def inner_name(m: LoopNest, depth: int) -> str:
     return (m.reduction[0] if m.statement.combiner is not None else m.parallel[depth]).name
 
 
@@ -139,8 +146,8 @@ def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | N
     per_block = max(1, threads // lanes)
     chunks = -(-n // (lanes * v))
     registers = schedule.row_mode == "registers" and chunks * v <= MAX_REGISTER_ELEMS
-    pairs = {} if registers or schedule.row_mode == "stream" else _pairs(rg.members, n)
-    plan = RowPlan(rg, n, lanes, per_block, v, chunks, registers, pairs, _kept(rg, registers))
+    pairs = {} if registers or schedule.row_mode == "stream" else one_pass_pairs(rg.members, n)
+    plan = RowPlan(rg, n, lanes, per_block, v, chunks, registers, pairs, kept_buffers(rg, registers))
     if schedule.row_mode in ("registers", "shared") and not registers:
         plan.staged = _staged(plan)
     return plan
@@ -151,7 +158,7 @@ def _fit(n: int, per_lane: int) -> int:
     return max(4, 1 << (-(-n // per_lane) - 1).bit_length())
 
 
-def _pairs(members: tuple[LoopNest, ...], n: int) -> dict[int, str]:
+def one_pass_pairs(members: tuple[LoopNest, ...], n: int) -> dict[int, str]:
     """Members k that start a one-pass pair with k + 1 over the same x: "softmax" when k is ``m = max(x)`` and
     k + 1 ``sum(exp(x - m))``; "welford" when k is ``m = sum(x) / n`` and k + 1 ``sum((x - m) * (x - m))``."""
     out: dict[int, str] = {}
@@ -168,7 +175,7 @@ def _pairs(members: tuple[LoopNest, ...], n: int) -> dict[int, str]:
     return out
 
 
-def _passes(plan: RowPlan) -> list[tuple[int, tuple[LoopNest, ...]]]:
+def row_passes(plan: RowPlan) -> list[tuple[int, tuple[LoopNest, ...]]]:
     """The group's members as the passes over the row that the plan makes (a pair is one pass), each with the
     index of its first member."""
     members, out, k = plan.group.members, [], 0
@@ -179,6 +186,18 @@ def _passes(plan: RowPlan) -> list[tuple[int, tuple[LoopNest, ...]]]:
     return out
 
 
+def merger(kind: str, first: LoopNest) -> Callable[[list[str], list[str]], str]:
+    """The statement folding accumulators ``b`` into ``a`` for a pass of ``kind``: "softmax" (max, sum of exp),
+    "welford" (count, mean, M2), or "" (one reduction, ``first``, by its combiner)."""
+    if kind == "softmax":
+        return lambda a, b: f"k_online({a[0]}, {a[1]}, {b[0]}, {b[1]});"
+    if kind == "welford":
+        return lambda a, b: f"k_welford({a[0]}, {a[1]}, {a[2]}, {b[0]}, {b[1]}, {b[2]});"
+    combiner = first.statement.combiner
+    assert combiner is not None
+    return lambda a, b: combine(combiner.value, a[0], b[0])
+
+
 def _staged(plan: RowPlan) -> dict[str, int]:
     """Shared mode: byte offsets of the inputs worth copying to shared memory (read by two passes or more, in
     the same row-dependent, vectorizable way), or {} when those copies would not fit."""
@@ -186,16 +205,16 @@ def _staged(plan: RowPlan) -> dict[str, int]:
     written = {m.statement.write.tensor for m in g.members}
     reads: dict[str, set[tuple[Affine, ...]]] = {}
     passes: dict[str, int] = {}
-    for _, span in _passes(plan):
+    for _, span in row_passes(plan):
         seen = set()
         for m in span:
-            inner = _inner_name(m, depth)
+            inner = inner_name(m, depth)
             for a in m.loads():
                 rows = {d.name for d in m.parallel[:depth]}
                 if inner in a.dims() and a.dims() & rows and a.tensor not in written:
                     buf = g.program.buffers[a.tensor]
                     ok = a.fill is None and vectorizable(a, buf.shape, buf.dtype, inner, plan.vector)
-                    reads.setdefault(a.tensor, set()).add(_canonical(a, m, depth) if ok else ())
+                    reads.setdefault(a.tensor, set()).add(canonical(a, m, depth) if ok else ())
                     seen.add(a.tensor)
         for t in seen:
             passes[t] = passes.get(t, 0) + 1
@@ -207,7 +226,7 @@ def _staged(plan: RowPlan) -> dict[str, int]:
     return offsets if total <= MAX_SHARED_BYTES else {}
 
 
-def _kept(g: Group, registers: bool) -> frozenset[str]:
+def kept_buffers(g: Group, registers: bool) -> frozenset[str]:
     """Buffers written in the group whose every in-group read hits the written element of the same lane:
     per-row scalars always, row-long values in ``registers`` mode."""
     program = g.program
@@ -219,15 +238,15 @@ def _kept(g: Group, registers: bool) -> frozenset[str]:
         scalar = m.statement.combiner is not None
         if not scalar and not registers:
             continue
-        target = _canonical(write, m, g.depth)
+        target = canonical(write, m, g.depth)
         reads = [(a, r) for r in g.members[k + 1:] for a in r.loads() if a.tensor == write.tensor]
-        if reads and all(a.fill is None and _canonical(a, r, g.depth) == target for a, r in reads):
+        if reads and all(a.fill is None and canonical(a, r, g.depth) == target for a, r in reads):
             kept.add(write.tensor)
     return frozenset(kept)
 
 
-def _canonical(access: Access, m: LoopNest, depth: int) -> tuple[Affine, ...]:
-    names = {d.name: f"@row{k}" for k, d in enumerate(m.parallel[:depth])} | {_inner_name(m, depth): INNER}
+def canonical(access: Access, m: LoopNest, depth: int) -> tuple[Affine, ...]:
+    names = {d.name: f"@row{k}" for k, d in enumerate(m.parallel[:depth])} | {inner_name(m, depth): INNER}
     return access.rename(names).index
 
 
@@ -305,25 +324,31 @@ class RowEmitter:
             for c in range(plan.chunks):
                 self.line(f"const idx_t kc{c} = {c * plan.lanes * plan.vector} + (idx_t)lane * {plan.vector};")
         written: set[str] = set()
-        for k, span in _passes(plan):
+        for k, span in self.passes():
             if {a.tensor for m in span for a in m.loads()} & written:
                 self.line("__syncthreads();" if plan.lanes > 32 else "__syncwarp();" if plan.lanes > 1 else "")
                 written.clear()
             nest = span[0]
             own = {d.name: env[frame[i]] for i, d in enumerate(nest.parallel[: g.depth])}
-            self.inner = _inner_name(nest, g.depth)
-            if len(span) == 2:
-                (self.online if plan.pairs[k] == "softmax" else self.welford)(*span, own)
-                for m in span:
-                    written |= self.result_written(m)
-            elif nest.statement.combiner is not None:
-                self.reduction(nest, own)
-                written |= self.result_written(nest)
-            else:
-                self.pointwise(nest, own)
-                if nest.statement.write.tensor not in plan.kept:
-                    written.add(nest.statement.write.tensor)
+            self.inner = inner_name(nest, g.depth)
+            written |= self.run(k, span, own)
             self.fetched |= self.fetching
+
+    def passes(self) -> list[tuple[int, tuple[LoopNest, ...]]]:
+        """The passes this kernel makes (see :func:`row_passes`)."""
+        return row_passes(self.plan)
+
+    def run(self, k: int, span: tuple[LoopNest, ...], env: dict[str, str]) -> set[str]:
+        """Emit pass ``k`` (members ``span``); returns what it writes that later passes read back from memory."""
+        nest = span[0]
+        if len(span) == 2:
+            (self.online if self.plan.pairs[k] == "softmax" else self.welford)(*span, env)
+            return self.result_written(span[0]) | self.result_written(span[1])
+        if nest.statement.combiner is not None:
+            self.reduction(nest, env)
+            return self.result_written(nest)
+        self.pointwise(nest, env)
+        return self.result_written(nest)
 
     def result_written(self, nest: LoopNest) -> set[str]:
         t = nest.statement.write.tensor
@@ -344,14 +369,16 @@ class RowEmitter:
         self.kc = self.var("kc")
         if self.gen.s.unroll > 1:  # type: ignore[attr-defined]
             self.line(f"#pragma unroll {self.gen.s.unroll}")  # type: ignore[attr-defined]
+        first = f"(idx_t)k_split * {plan.chunks * step} + " if plan.split > 1 else ""
+        tail = plan.split * plan.chunks * step > plan.n  # some chunk runs past the row's end
         self.line(f"for (int {c} = 0; {c} < {plan.chunks}; {c}++) {{")
-        self.line(f"  const idx_t {self.kc} = (idx_t){c} * {step} + (idx_t)lane * {plan.vector};")
-        if plan.n % step:
+        self.line(f"  const idx_t {self.kc} = {first}(idx_t){c} * {step} + (idx_t)lane * {plan.vector};")
+        if tail:
             self.line(f"  if ({self.kc} < {plan.n}) {{")
         self.scopes.append({})
         body()  # type: ignore[operator]
         self.scopes.pop()
-        self.line("}}" if plan.n % step else "}")
+        self.line("}}" if tail else "}")
 
     def values(self, expr: object, env: dict[str, str], ext: dict[str, int], acc: str | None = None) -> list[str]:
         """The ``V`` per-slot texts of ``expr`` at the current chunk; loads go to ``pending``."""
@@ -419,8 +446,8 @@ class RowEmitter:
             self.guarded(" ".join(combine(st.combiner.value, acc, v) for v in vals))  # type: ignore[union-attr]
 
         self.chunks(body)
-        self.fold([acc], lambda a, b: combine(st.combiner.value, a[0], b[0]))  # type: ignore[union-attr]
-        self.result(nest, env, acc)
+        self.fold([acc], merger("", nest))
+        self.reduced((nest,), env, [acc])
 
     def online(self, first: LoopNest, second: LoopNest, env: dict[str, str]) -> None:
         ext = extents(first)
@@ -439,9 +466,8 @@ class RowEmitter:
                          f"k_online({m}, {s}, {cm}, {cs});")
 
         self.chunks(body)
-        self.fold([m, s], lambda a, b: f"k_online({a[0]}, {a[1]}, {b[0]}, {b[1]});")
-        self.result(first, env, m)
-        self.result(second, env, s)
+        self.fold([m, s], merger("softmax", first))
+        self.reduced((first, second), env, [m, s])
 
     def welford(self, first: LoopNest, second: LoopNest, env: dict[str, str]) -> None:
         """A mean and the sum of squared deviations from it in one pass: each chunk's (count, mean, M2) merged
@@ -460,9 +486,20 @@ class RowEmitter:
                          f"k_welford({n}, {m}, {q}, {literal(width, t)}, {cm}, {cq});")
 
         self.chunks(body)
-        self.fold([n, m, q], lambda a, b: f"k_welford({a[0]}, {a[1]}, {a[2]}, {b[0]}, {b[1]}, {b[2]});")
-        self.result(first, env, f"({m} * {n})")
-        self.result(second, env, q)
+        self.fold([n, m, q], merger("welford", first))
+        self.reduced((first, second), env, [n, m, q])
+
+    def reduced(self, span: tuple[LoopNest, ...], env: dict[str, str], accs: list[str]) -> None:
+        """The results of a reduction pass from its accumulators folded over the row: ``[acc]`` of one reduction,
+        ``[max, sum]`` of a softmax pair, ``[count, mean, M2]`` of a Welford pair (see :func:`merger`)."""
+        if len(span) == 1:
+            self.result(span[0], env, accs[0])
+        elif len(accs) == 2:
+            self.result(span[0], env, accs[0])
+            self.result(span[1], env, accs[1])
+        else:
+            self.result(span[0], env, f"({accs[1]} * {accs[0]})")
+            self.result(span[1], env, accs[2])
 
     def fold(self, accs: list[str], merge: object) -> None:
         """Combine the per-lane ``accs`` across the row's lanes; every lane ends with the row's values. Past a
@@ -502,7 +539,8 @@ class RowEmitter:
             self.scopes[-1][(write.tensor, self.p.offset(write.tensor, write.index, env, ext))] = name
             if _local(self.plan.group, write.tensor):
                 return
-        self.line(f"if (valid && lane == 0) {{ {self.p.store(write, env, ext, name)} }}")
+        leader = "valid && lane == 0" + (" && k_split == 0" if self.plan.split > 1 else "")
+        self.line(f"if ({leader}) {{ {self.p.store(write, env, ext, name)} }}")
 
     # -- expressions (called by the printer) ---------------------------------------------------
 
