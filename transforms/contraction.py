@@ -4,10 +4,11 @@ A program is a *contraction* when its first nest is ``out[batch.., m, n] = sum_k
 (or ``b[.., n, k]``: transpose_b) with a row-major write, and every later nest is pointwise over the same
 output domain, reading what earlier nests wrote only at the same element: the epilogue (bias, activation,
 residual, scale) can then run on the accumulators. :func:`match_contraction` recognises one and records
-the operands' element strides; :func:`gemm_configs` lists the legal :class:`GemmConfig` for it.
+the operands' element strides; :func:`gemm_configs` lists the legal :class:`GemmConfig` for it, and
+:func:`vendor_plan` says what a vendor GEMM (cuBLAS, cuBLASLt) computes of it and where it writes.
 
     contraction = match_contraction(program)  # None when the program is not GEMM-shaped
-    configs = gemm_configs(contraction)       # tensor-core tiles for fp16/bf16, SIMT tiles otherwise, cuBLAS
+    configs = gemm_configs(contraction)       # cuBLASLt first, tensor-core or SIMT tiles, cuBLAS
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ from dataclasses import dataclass
 from itertools import product
 
 from embed.ir import DType
-from embed.loopnest import Access, Affine, Call, Combiner, Dim, Load, LoopNest, LoopProgram
+from embed.loopnest import Access, Affine, BufferKind, Call, Combiner, Dim, Load, LoopNest, LoopProgram, walk
 
-PATHS = ("mma", "simt", "cublas")
+PATHS = ("mma", "simt", "cublas", "cublaslt")
 MMA_DTYPES = (DType.FLOAT16, DType.BFLOAT16)
+VENDOR_DTYPES = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)  # operand types of the vendor paths
+LT_ALGOS = 8  # cublaslt: ranks of the cuBLASLt heuristic's algorithms in the search space
+#: cublasLtEpilogue_t by (bias added, activation): what cuBLASLt applies to the product before writing D.
+LT_EPILOGUES = {(False, None): 1, (False, "relu"): 2, (True, None): 4, (True, "relu"): 6, (False, "gelu_tanh"): 32,
+                (True, "gelu_tanh"): 36}
 #: Dynamic shared memory a block may use (H100/H200 allow 227 KB per block after opting in).
 MAX_SHARED_BYTES = 227 * 1024
 PAD = 8  # elements of padding per shared-memory row: ldmatrix rows land on distinct banks
@@ -71,9 +77,11 @@ class Contraction:
 @dataclass(frozen=True)
 class GemmConfig:
     """One way to run a contraction: ``mma`` (tensor cores, fp16/bf16), ``simt`` (register-blocked CUDA
-    cores) or ``cublas`` (vendor GEMM, then one epilogue kernel). Block tile ``tile_m x tile_n`` stepping
-    ``tile_k`` along k, ``warps`` per block, ``stages`` shared-memory buffers (cp.async pipeline depth; simt:
-    1), and ``swizzle``: blocks are rasterised in groups of that many tile rows (L2 reuse of B)."""
+    cores), ``cublas`` (cuBLAS's default GEMM, then one epilogue kernel) or ``cublaslt`` (the cuBLASLt
+    algorithm of heuristic rank ``algo``, applying what it can of the epilogue, then one kernel for the rest;
+    see :func:`vendor_plan`). Block tile ``tile_m x tile_n`` stepping ``tile_k`` along k, ``warps`` per block,
+    ``stages`` shared-memory buffers (cp.async pipeline depth; simt: 1), and ``swizzle``: blocks are
+    rasterised in groups of that many tile rows (L2 reuse of B)."""
 
     path: str
     tile_m: int = 0
@@ -82,11 +90,14 @@ class GemmConfig:
     warps: int = 0
     stages: int = 0
     swizzle: int = 1
+    algo: int = 0
 
     @property
     def args(self) -> tuple[str | int, ...]:
         if self.path == "cublas":
             return (self.path,)
+        if self.path == "cublaslt":
+            return (self.path, self.algo)
         return (self.path, self.tile_m, self.tile_n, self.tile_k, self.warps, self.stages, self.swizzle)
 
     @property
@@ -116,8 +127,9 @@ class GemmConfig:
         return 0
 
     def legal(self, c: Contraction) -> bool:
-        if self.path == "cublas":
-            return True
+        if self.path in ("cublas", "cublaslt"):
+            lt = self.path == "cublaslt"
+            return (0 <= self.algo < LT_ALGOS if lt else self.algo == 0) and vendor_plan(c, fold=lt) is not None
         if self.path not in PATHS or min(self.tile_m, self.tile_n, self.tile_k, self.warps, self.swizzle) < 1:
             return False
         if self.shared_bytes(c) > MAX_SHARED_BYTES:
@@ -145,17 +157,111 @@ SWIZZLES = (1, 4, 8)  # tile rows per raster group
 
 
 def gemm_configs(c: Contraction) -> list[GemmConfig]:
-    """Legal configurations for ``c``, the default first: mma for fp16/bf16 operands, simt otherwise; cuBLAS last."""
+    """Legal configurations for ``c``, the default first: cuBLASLt's first choice where cuBLASLt runs ``c`` in
+    float32 arithmetic (on an H200, 2.5 to 3 times faster than mma tiles at fp16/bf16, and faster than every simt
+    tile at fp32: ``bench/results/gemm_probe_h200.md``), else the generated kernels' default (mma for fp16/bf16
+    operands, simt otherwise); then the generated tiles, cuBLASLt's other ranks, cuBLAS."""
     if c.tensor_cores:
         grid = product(MMA_TILES, (32, 64), (4, 8), (2, 3, 4), SWIZZLES)
         found = [GemmConfig("mma", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
-        default = GemmConfig("mma", 128, 128, 32, 4, 3, 8)
+        generated = GemmConfig("mma", 128, 128, 32, 4, 3, 8)
     else:
         grid = product(SIMT_TILES, (8, 16, 32), (1, 2, 4, 8), (1,), SWIZZLES)
         found = [GemmConfig("simt", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
-        default = GemmConfig("simt", 64, 64, 16, 4, 1, 8)
-    legal = [g for g in found if g.legal(c) and g != default]
-    return [default, *legal, GemmConfig("cublas")] if default.legal(c) else [*legal, GemmConfig("cublas")]
+        generated = GemmConfig("simt", 64, 64, 16, 4, 1, 8)
+    lt = [GemmConfig("cublaslt", algo=r) for r in range(LT_ALGOS)]
+    first = lt[0] if lt[0].legal(c) and _compute(c) == DType.FLOAT32 else generated
+    ordered = [first, generated, *found, *lt, GemmConfig("cublas")]
+    return [g for g in dict.fromkeys(ordered) if g.legal(c)]
+
+
+@dataclass(frozen=True)
+class VendorPlan:
+    """What a vendor GEMM computes of a contraction: the product, then its first ``folded`` epilogue nests (a bias
+    vector along n, then relu or tanh-gelu: :data:`LT_EPILOGUES`), written to buffer ``out`` in ``dtype``. ``out``
+    is the last folded nest's buffer when that is an output; else an output of a later nest with that buffer's
+    dtype (the epilogue kernel reads each element there before overwriting it; see ``_placements``); else that
+    buffer's scratch."""
+
+    folded: int
+    bias: str | None
+    activation: str | None
+    out: str
+    dtype: DType
+
+    @property
+    def epilogue(self) -> int:
+        return LT_EPILOGUES[(self.bias is not None, self.activation)]
+
+
+def vendor_plan(c: Contraction, *, fold: bool) -> VendorPlan | None:
+    """How cuBLAS (``fold=False``) or cuBLASLt (``fold=True``: as much of the epilogue as it can take) runs ``c``;
+    None when the operand types rule out every placement of the product."""
+    if c.a.dtype != c.b.dtype or c.a.dtype not in VENDOR_DTYPES:
+        return None
+    written = {c.a.dtype, DType.FLOAT32} if c.a.dtype in MMA_DTYPES else {c.a.dtype}  # D types per operand type
+    steps = _foldable(c) if fold else []
+    for folded in range(len(steps), -1, -1):
+        bias = next((arg for kind, arg in steps[:folded] if kind == "bias"), None)
+        activation = next((arg for kind, arg in steps[:folded] if kind == "activation"), None)
+        for out, dtype in _placements(c, folded):
+            if dtype in written and (bias is None or c.program.buffers[bias].dtype == dtype):
+                return VendorPlan(folded, bias, activation, out, dtype)
+    return None
+
+
+def _foldable(c: Contraction) -> list[tuple[str, str]]:
+    """The leading epilogue nests cuBLASLt can apply: ("bias", vector buffer), then ("activation", op)."""
+    program = c.program
+    value = c.matmul.statement.write.tensor
+    if c.matmul.statement.epilogue is not None:
+        return []
+    readers = [x.tensor for nest in program.nests for x in nest.statement.loads()]
+    steps: list[tuple[str, str]] = []
+    for nest in c.epilogue:
+        body = nest.statement.body
+        if program.buffers[value].kind != BufferKind.TEMP or readers.count(value) != 1 or not isinstance(body, Call):
+            break
+        own = [x for x in body.args if isinstance(x, Load) and x.access.tensor == value]
+        others = [x for x in body.args if x not in own]
+        bias = others[0] if len(others) == 1 and isinstance(others[0], Load) else None
+        if body.op == "add" and not steps and len(own) == 1 and bias and _bias(program, nest, bias.access):
+            steps.append(("bias", bias.access.tensor))
+        elif body.op in ("relu", "gelu_tanh") and len(own) == 1 and not others:
+            steps.append(("activation", body.op))
+        else:
+            break
+        value = nest.statement.write.tensor
+        if steps[-1][0] == "activation":
+            break
+    return steps
+
+
+def _bias(program: LoopProgram, nest: LoopNest, access: Access) -> bool:
+    """``access`` reads an input vector along the last (n) dim, the same for every row and batch."""
+    if program.buffers[access.tensor].kind not in (BufferKind.INPUT, BufferKind.PARAM):
+        return False
+    dims = [d.name for d in nest.parallel]
+    return _flat(access, program, dims) == ((len(dims) - 1, 1),)
+
+
+def _placements(c: Contraction, folded: int) -> list[tuple[str, DType]]:
+    """Where the vendor GEMM may write the value of epilogue nest ``folded`` (0: the product), best first: its own
+    output; an output of a later nest with the value's dtype, unless a later sum or difference could cancel what
+    rounding to that dtype kept; its scratch, in the compute type."""
+    program = c.program
+    value = program.nests[folded].statement.write.tensor
+    buffer = program.buffers[value]
+    if buffer.kind == BufferKind.OUTPUT:
+        return [(value, buffer.dtype)]
+    rest = [program.nests[0].statement.epilogue] if folded == 0 else []
+    rest += [n.statement.body for n in program.nests[folded + 1:]]
+    if any(isinstance(x, Call) and x.op in ("add", "sub") for e in rest if e is not None for x in walk(e)):
+        return [(value, _compute(c))]
+    later = [n.statement.write.tensor for n in program.nests[folded + 1:]]
+    aliases = [(n, buffer.dtype) for n in later
+               if program.buffers[n].kind == BufferKind.OUTPUT and program.buffers[n].dtype == buffer.dtype]
+    return [*aliases, (value, _compute(c))]
 
 
 # ---------------------------------------------------------------------------------------------

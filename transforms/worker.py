@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from transforms import vendor_blas
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
-from transforms.run import Buffer, Launch, Scalar, buffers_of, poisoned, to_float64, to_storage
+from transforms.run import Buffer, Launch, buffers_of, poisoned, to_float64, to_storage
 
 Call = Callable[[], None]
 Fetch = Callable[[], dict[str, np.ndarray]]
@@ -26,8 +27,6 @@ L2_MULTIPLE = 2
 MAX_COPIES = 64
 MAX_COPY_BYTES = 8 << 30
 DEFAULT_SHARED_LIMIT = 48 * 1024
-CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT = 70, -1  # cublasComputeType_t, cublasGemmAlgo_t (op N = 0, T = 1)
-CUBLAS_WORKSPACE_BYTES = 32 << 20
 #: Timing stops after this many seconds of timed calls once MIN_REPEATS are in: a candidate far slower than the
 #: rest (a bad random recipe) costs about a second, not ``repeats`` times its own run time.
 TIMING_BUDGET_S = 1.0
@@ -186,43 +185,8 @@ class CudaBackend:
         return times
 
 
-def cublas_gemm(launch: Launch) -> Callable[..., None]:
-    """A callable shaped like a CuPy kernel running cuBLAS ``cublasGemmStridedBatchedEx`` on the launch's
-    buffers (A, B, C: column-major, as ``transforms.codegen.cuda_gemm`` lays them out) with its named int
-    scalars. cuBLAS is called through ctypes on an own handle: CuPy's wrappers refuse CUDA-graph capture."""
-    import cupy
-    from cuda.pathfinder import load_nvidia_dynamic_lib
-
-    lib = ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
-
-    def check(status: int, what: str) -> None:
-        if status:
-            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
-
-    handle = ctypes.c_void_p()
-    check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
-    workspace = cupy.empty(CUBLAS_WORKSPACE_BYTES, cupy.uint8)  # a fixed workspace: no allocation while capturing
-    s = {a.name: int(a.value) for a in launch.args if isinstance(a, Scalar)}
-    scale = ctypes.c_double if s["compute"] == CUBLAS_COMPUTE_64F else ctypes.c_float
-    alpha, beta = scale(1.0), scale(0.0)
-    i, i64 = ctypes.c_int, ctypes.c_longlong
-
-    def call(grid: object, block: object, args: Sequence[Any], shared_mem: int = 0, stream: Any = None) -> None:
-        a, b, c = (ctypes.c_void_p(x.data.ptr) for x in args[:3])
-        check(lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream.ptr)), "cublasSetStream")
-        check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr), ctypes.c_size_t(workspace.nbytes)),
-              "cublasSetWorkspace")
-        check(lib.cublasGemmStridedBatchedEx(
-            handle, i(s["trans_b"]), i(0), i(s["m"]), i(s["n"]), i(s["k"]), ctypes.byref(alpha),
-            a, i(s["type_a"]), i(s["lda"]), i64(s["stride_a"]), b, i(s["type_b"]), i(s["ldb"]), i64(s["stride_b"]),
-            ctypes.byref(beta), c, i(s["type_c"]), i(s["ldc"]), i64(s["stride_c"]), i(s["batch"]), i(s["compute"]),
-            i(CUBLAS_GEMM_DEFAULT),
-        ), "cublasGemmStridedBatchedEx")
-
-    return call
-
-
-_LIBRARY: dict[str, Callable[[Launch], Callable[..., None]]] = {"cublas_gemm": cublas_gemm}
+_LIBRARY: dict[str, Callable[[Launch], Callable[..., None]]] = {"cublas_gemm": vendor_blas.cublas_gemm,
+                                                               "cublaslt_matmul": vendor_blas.cublaslt_matmul}
 _BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBackend, "cuda": CudaBackend}
 
 

@@ -6,14 +6,15 @@ from pathlib import Path
 import pytest
 
 from embed.builder import GraphBuilder
-from embed.ir import Graph
+from embed.ir import DType, Graph
 from embed.lower import lower
 from tests.gpu import needs_gpu
 from tests.transforms.kernels import single
 from transforms.build import Source, build
 from transforms.codegen import generate
 from transforms.compilers import cuda
-from transforms.contraction import GemmConfig, gemm_configs, match_contraction
+from transforms.contraction import LT_ALGOS, GemmConfig, VendorPlan, gemm_configs, match_contraction, vendor_plan
+from transforms.recipe import format as format_recipe
 from transforms.recipe import parse
 from transforms.schedule import ScheduleError
 from transforms.space import RecipeSpace, default_recipe
@@ -37,6 +38,24 @@ def linear(m: int, k: int, n: int, dtype: str = "float16", *, transpose_b: bool 
 
 def bmm(batch: int, m: int, k: int, n: int, dtype: str) -> Graph:
     return single("matmul", [("a", (batch, m, k), dtype), ("b", (batch, k, n), dtype)], (batch, m, n), dtype)
+
+
+def two_outputs(m: int, k: int, n: int, dtype: str = "float16") -> Graph:
+    """y = x @ w and out = relu(y), both outputs."""
+    b = GraphBuilder("two")
+    y = b.node("matmul", [b.input("x", (m, k), dtype), b.param("w", (k, n), dtype)], (m, n), dtype, name="y")
+    return b.build([y, b.node("relu", [y], (m, n), dtype, name="out")])
+
+
+def tanh_mlp(m: int, k: int, n: int, dtype: str = "float16", *, gate: bool = False) -> Graph:
+    """gelu_tanh(x @ w + bias), times the pre-activation with ``gate`` (which cuBLASLt then cannot fold)."""
+    b = GraphBuilder("mlp")
+    y = b.node("matmul", [b.input("x", (m, k), dtype), b.param("w", (k, n), dtype)], (m, n), dtype)
+    y = b.node("add", [y, b.param("bias", (n,), dtype)], (m, n), dtype)
+    if not gate:
+        return b.build([b.node("gelu", [y], (m, n), dtype, name="out", approximate="tanh")])
+    g = b.node("gelu", [y], (m, n), dtype, approximate="tanh")
+    return b.build([b.node("mul", [g, y], (m, n), dtype, name="out")])
 
 
 def test_match_contraction_records_extents_strides_and_layout() -> None:
@@ -64,11 +83,17 @@ def test_non_contractions_do_not_match() -> None:
 def test_configs_default_first_all_legal_vendor_last() -> None:
     half = match_contraction(lower(linear(64, 40, 48)))
     single_precision = match_contraction(lower(linear(64, 40, 48, "float32")))
-    assert half is not None and single_precision is not None
+    double = match_contraction(lower(bmm(2, 8, 16, 24, "float64")))
+    assert half is not None and single_precision is not None and double is not None
     configs = gemm_configs(half)
-    assert configs[0] == GemmConfig("mma", 128, 128, 32, 4, 3, 8) and configs[-1] == GemmConfig("cublas")
-    assert all(g.legal(half) for g in configs) and {g.path for g in configs} == {"mma", "cublas"}
-    assert {g.path for g in gemm_configs(single_precision)} == {"simt", "cublas"}
+    lt = [GemmConfig("cublaslt", algo=r) for r in range(LT_ALGOS)]
+    assert configs[:2] == [lt[0], GemmConfig("mma", 128, 128, 32, 4, 3, 8)] and configs[-1] == GemmConfig("cublas")
+    assert configs[-1 - LT_ALGOS + 1:-1] == lt[1:] and len(set(configs)) == len(configs)
+    assert all(g.legal(half) for g in configs) and {g.path for g in configs} == {"mma", "cublaslt", "cublas"}
+    assert {g.path for g in gemm_configs(single_precision)} == {"simt", "cublaslt", "cublas"}
+    assert gemm_configs(single_precision)[0] == lt[0]
+    assert gemm_configs(double)[0] == GemmConfig("simt", 64, 64, 16, 4, 1, 8)  # cuBLASLt's fp64 is a choice only
+    assert not GemmConfig("cublaslt", algo=LT_ALGOS).legal(half)
     assert not GemmConfig("mma", 128, 128, 32, 4, 3, 8).legal(single_precision)  # no fp32 tensor-core path
     assert not GemmConfig("mma", 256, 256, 64, 4, 4, 1).legal(half)  # too much shared memory
     assert not GemmConfig("mma", 48, 64, 32, 4, 3, 1).legal(half)  # warps do not tile the block
@@ -77,10 +102,15 @@ def test_configs_default_first_all_legal_vendor_last() -> None:
 
 def test_the_step_is_in_the_cuda_space_and_checks_its_arguments() -> None:
     program = lower(linear(64, 40, 48))
-    assert "gemm(mma,128,128,32,4,3,8)" in str(default_recipe(program, "cuda"))
+    assert str(default_recipe(program, "cuda")) == "gemm(cublaslt,0)"
     assert apply_recipe(parse("gemm(mma,64,128,64,8,4,1)"), program).gemm == GemmConfig("mma", 64, 128, 64, 8, 4, 1)
     assert apply_recipe(parse("gemm(cublas)"), program).gemm == GemmConfig("cublas")
-    for bad in ("gemm(mma,64,64)", "gemm(simt,64,64,16,4,2,8)", "gemm(tiled)", "gemm(cublas,1)"):
+    assert apply_recipe(parse("gemm(cublaslt,3)"), program).gemm == GemmConfig("cublaslt", algo=3)
+    (space,) = RecipeSpace(program, "cuda").dims
+    for text in ("gemm(cublaslt,3)", "gemm(cublas)", "gemm(mma,64,128,64,8,4,1)"):  # stored strings round-trip
+        assert format_recipe(parse(text)) == text and set(parse(text)) <= set(space)
+    for bad in ("gemm(mma,64,64)", "gemm(simt,64,64,16,4,2,8)", "gemm(tiled)", "gemm(cublas,1)", "gemm(cublaslt)",
+                f"gemm(cublaslt,{LT_ALGOS})", "gemm(cublaslt,1,2)"):
         with pytest.raises(ScheduleError):
             apply_recipe(parse(bad), program)
 
@@ -91,11 +121,44 @@ def test_cublas_path_is_a_library_launch_then_an_epilogue_kernel() -> None:
     gemm, epilogue = kernel.launches
     scalars = {a.name: a.value for a in gemm.args if not hasattr(a, "shape")}
     assert gemm.library == "cublas_gemm" and [a.name for a in gemm.args[:3]] == ["b1", "b0", "b4"]
-    assert (scalars["m"], scalars["n"], scalars["k"], scalars["trans_b"], scalars["batch"]) == (48, 64, 40, 1, 3)
+    assert (scalars["m"], scalars["n"], scalars["k"], scalars["trans_a"], scalars["batch"]) == (48, 64, 40, 1, 3)
     assert (scalars["lda"], scalars["ldb"], scalars["stride_a"], scalars["stride_b"]) == (40, 40, 0, 64 * 40)
-    assert epilogue.grid == (-(-3 * 64 * 48 // 256), 1, 1) and "k_gelu" in kernel.code
+    assert scalars["type_c"] == 0 and "k_gelu" in kernel.code  # the product in fp32 scratch: the bias add follows
+    assert epilogue.grid == (-(-3 * 64 * 48 // (8 * 256)), 1, 1)  # 8 elements a thread: 2 x 16 bytes in, 16 out
+    assert "k_ld4(d + 4, (const char*)(b4 + e) + 16);" in kernel.code and "k_st4((char*)(b3 + e), w_b3);" in kernel.code
+    assert [a.name for a in epilogue.args] == ["b0", "b1", "b2", "b3", "b4"]  # b5 stays in registers
     plain = generate(apply_recipe(parse("gemm(cublas)"), lower(bmm(2, 8, 16, 24, "float32"))), "cuda")
     assert [launch.library for launch in plain.launches] == ["cublas_gemm"]  # nothing left for a kernel
+
+
+def test_cublaslt_takes_the_bias_and_an_exact_activation() -> None:
+    def plan(graph: Graph, fold: bool = True) -> VendorPlan | None:
+        c = match_contraction(lower(graph))
+        assert c is not None
+        return vendor_plan(c, fold=fold)
+
+    f16, f32 = DType.FLOAT16, DType.FLOAT32
+    assert plan(linear(64, 40, 48)) == VendorPlan(1, "bias", None, "out", f16)  # erf gelu is left to the kernel
+    assert plan(linear(64, 40, 48), fold=False) == VendorPlan(0, None, None, "t1", f32)  # the bias add follows
+    assert plan(linear(64, 40, 48, residual=True)) == VendorPlan(0, None, None, "t1", f32)  # so does the residual
+    assert plan(linear(33, 17, 29, "float32", act="relu")) == VendorPlan(2, "bias", "relu", "out", f32)
+    assert plan(tanh_mlp(64, 32, 48)) == VendorPlan(2, "bias", "gelu_tanh", "out", f16)
+    assert plan(tanh_mlp(64, 32, 48, gate=True)) == VendorPlan(1, "bias", None, "out", f16)  # y is read twice
+    assert plan(tanh_mlp(64, 32, 48)).epilogue == 36 and plan(linear(64, 40, 48)).epilogue == 4  # type: ignore[union-attr]
+    mixed = GraphBuilder("mixed")
+    y = mixed.node("matmul", [mixed.input("x", (8, 16), "float16"), mixed.param("w", (16, 24), "float32")], (8, 24),
+                   "float32", name="out")
+    assert plan(mixed.build([y])) is None and plan(mixed.build([y]), fold=False) is None
+    program = lower(tanh_mlp(64, 32, 48))
+    lt = generate(apply_recipe(parse("gemm(cublaslt,2)"), program), "cuda")
+    (launch,) = lt.launches  # bias and tanh-gelu in cuBLASLt's epilogue: no kernel
+    scalars = {a.name: a.value for a in launch.args if not hasattr(a, "shape")}
+    assert launch.library == "cublaslt_matmul" and [a.name for a in launch.buffers] == ["b1", "b0", "b3", "b2"]
+    assert (scalars["epilogue"], scalars["bias"], scalars["algo"], scalars["type_c"]) == (36, 1, 2, 2)
+    both = generate(apply_recipe(parse("gemm(cublaslt,0)"), lower(two_outputs(64, 32, 48))), "cuda")
+    assert "k_st4((char*)(b3 + e), w_b3);" in both.code and "(char*)(b2" not in both.code  # y is done: only read
+    odd = generate(apply_recipe(parse("gemm(cublaslt,0)"), lower(linear(33, 17, 29, "float32", act="relu"))), "cuda")
+    assert "k_ld" not in odd.code and odd.launches[1].grid == (-(-33 * 29 // 256), 1, 1)  # rows of 29: one a thread
 
 
 CASES = [  # (graph, recipe, what the PTX must hold)
@@ -107,6 +170,14 @@ CASES = [  # (graph, recipe, what the PTX must hold)
     (linear(33, 17, 29, "float32", act="relu"), "gemm(simt,64,64,16,4,1,8)", ("fma.rn.f32",)),
     (bmm(3, 20, 30, 40, "float64"), "gemm(simt,32,32,8,2,1,1)", ("fma.rn.f64",)),
     (linear(64, 40, 48, "bfloat16", act="silu"), "gemm(cublas)", (".entry tb_gemm",)),
+    (linear(64, 40, 48), "gemm(cublaslt,0)", ("ld.global.v4.u32", "st.global.v4.u32")),
+    (linear(70, 33, 50), "gemm(cublaslt,1)", ("ld.global.u32", "st.global.u32")),  # rows of 50: 2 halves a thread
+    (linear(33, 17, 29, "float32", act="relu"), "gemm(cublaslt,0)", (".entry tb_gemm",)),
+    (linear(40, 64, 24, "bfloat16", transpose_b=True, batch=(2, 3), residual=True), "gemm(cublaslt,0)",
+     ("ld.global.v4.u32",)),
+    (tanh_mlp(64, 32, 48), "gemm(cublaslt,0)", ()),
+    (two_outputs(64, 32, 48), "gemm(cublaslt,0)", ("st.global.v4.u32",)),
+    (bmm(3, 20, 30, 40, "float64"), "gemm(cublaslt,0)", ()),
     (linear(96, 64, 80), "gemm(mma,64,128,32,4,3,4)", ("mma.sync",)),  # raster groups of 4 tile rows
     (linear(33, 40, 29, "float32"), "gemm(simt,32,32,32,4,1,4)", ("fma.rn.f32",)),
     (linear(70, 24, 130, "float32", act="relu"), "gemm(simt,32,128,8,4,1,1)", ("fma.rn.f32",)),  # rectangular

@@ -9,14 +9,17 @@ tiles, the next tile prefetched into registers while the current one is used; ev
 strided ``rows x cols`` patch (conflict-free shared reads, coalesced stores), summing each k tile apart
 before adding it in (fp32 rounding error then stays within the 1e-4 tolerance at k = 1024). Both rasterise
 blocks in groups of ``swizzle`` tile rows, run batches on grid z, and apply the epilogue nests to each
-accumulator before its predicated store. ``cublas``: a library launch (``Launch.library``) writes the
-product, then one elementwise kernel applies the epilogue. Raw PTX throughout: no CUDA header is needed.
+accumulator before its predicated store. ``cublas`` / ``cublaslt``: a library launch (``Launch.library``,
+see ``transforms.vendor_blas``) writes the product, cuBLASLt with what it can apply of the epilogue (bias,
+relu, tanh-gelu), where ``transforms.contraction.vendor_plan`` says (an output, in place, when one fits);
+then one elementwise kernel applies the rest, each thread on several elements of a row (vector loads and
+stores, 16 bytes of the narrowest buffer). Raw PTX throughout: no CUDA header is needed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from embed.ir import DType
@@ -25,14 +28,16 @@ from transforms.codegen.cuda import CUDA_HEAD
 from transforms.codegen.expr import STORAGE_C, Env, Printer, extents, prelude
 from transforms.codegen.kernel import Kernel, compute_dtype, cuda_consts, cuda_params
 from transforms.codegen.signature import signature
-from transforms.contraction import PAD, Contraction, GemmConfig, Operand, match_contraction
+from transforms.contraction import PAD, Contraction, GemmConfig, Operand, VendorPlan, match_contraction, vendor_plan
 from transforms.run import Launch, Scalar
 from transforms.schedule import Schedule, ScheduleError
 
 MAX_GRID_Z = 65535
 EPILOGUE_THREADS = 256
-#: cuBLAS / CUDA library enums: data types, compute types, the default algorithm.
+VECTOR_BYTES = 16  # what a thread of the vendor paths' epilogue kernel loads or stores of its narrowest buffer
+#: cudaDataType_t of each dtype; cublasComputeType_t 32F and 64F.
 _CUDA_TYPE = {DType.FLOAT16: 2, DType.BFLOAT16: 14, DType.FLOAT32: 0, DType.FLOAT64: 1}
+_COMPUTE_32F, _COMPUTE_64F = 68, 70
 
 _PTX_HELPERS = """
 __device__ static inline unsigned k_smem(const void* p) {
@@ -54,6 +59,33 @@ __device__ static inline void k_mma(float* d, const unsigned* a, const unsigned*
   asm("mma.sync.aligned.m16n8k16.row.col.f32.ELEM.ELEM.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+"""
+_VECTOR_IO = """
+__device__ static inline void k_ld4(unsigned* r, const void* p) {
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+}
+__device__ static inline void k_ld2(unsigned* r, const void* p) {
+  asm volatile("ld.global.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
+}
+__device__ static inline void k_ld1(unsigned* r, const void* p) {
+  asm volatile("ld.global.u32 %0, [%1];" : "=r"(r[0]) : "l"(p));
+}
+__device__ static inline void k_st4(void* p, const unsigned* r) {
+  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};"
+               :: "l"(p), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+__device__ static inline void k_st2(void* p, const unsigned* r) {
+  asm volatile("st.global.v2.u32 [%0], {%1,%2};" :: "l"(p), "r"(r[0]), "r"(r[1]) : "memory");
+}
+__device__ static inline void k_st1(void* p, const unsigned* r) {
+  asm volatile("st.global.u32 [%0], %1;" :: "l"(p), "r"(r[0]) : "memory");
+}
+__device__ static inline unsigned k_f16x2(float lo, float hi) {
+  unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ static inline unsigned k_bf16x2(float lo, float hi) {
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
 """
 _CP_ASYNC = """
@@ -115,23 +147,28 @@ class _GemmGen:
         return EpiloguePrinter(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
 
     def kernel(self) -> Kernel:
-        params = cuda_params(self.sig, self.buffers, self.ctype)
         head = [CUDA_HEAD, prelude(self.ctype, "__device__ static inline")]
         head += cuda_consts(self.sig, self.buffers, self.ctype)
+        sig = self.sig
         launches: list[Launch] = []
         grid = (self.tiles_m * self.tiles_n, 1, math.prod(self.c.batch))
         if self.g.path == "mma":
             self.mma()
-            launches.append(Launch("tb_gemm", self.sig.args, grid, (self.g.threads, 1, 1), self.g.shared_bytes(self.c)))
+            launches.append(Launch("tb_gemm", sig.args, grid, (self.g.threads, 1, 1), self.g.shared_bytes(self.c)))
         elif self.g.path == "simt":
             self.simt()
-            launches.append(Launch("tb_gemm", self.sig.args, grid, (self.g.threads, 1, 1)))
+            launches.append(Launch("tb_gemm", sig.args, grid, (self.g.threads, 1, 1)))
         else:
-            launches.append(self.cublas())
-            if self.elementwise():
-                total = math.prod(self.c.batch) * self.c.m * self.c.n
-                launches.append(Launch("tb_gemm", self.sig.args, (-(-total // EPILOGUE_THREADS), 1, 1),
-                                       (EPILOGUE_THREADS, 1, 1)))
+            plan = vendor_plan(self.c, fold=self.g.path == "cublaslt")
+            if plan is None:
+                raise ScheduleError(f"gemm({self.g.path}): the library cannot take these operand types")
+            launches.append(self.vendor(plan))
+            # the epilogue kernel keeps intermediate values in registers: no scratch but the library's output
+            sig = replace(sig, args=tuple(a for a in sig.args if a.kind != "scratch" or a.name == self.name(plan.out)))
+            blocks = self.rest(plan)
+            if blocks:
+                launches.append(Launch("tb_gemm", sig.args, (blocks, 1, 1), (EPILOGUE_THREADS, 1, 1)))
+        params = cuda_params(sig, self.buffers, self.ctype)
         body = ""
         if self.lines:
             threads = launches[-1].block[0]
@@ -172,23 +209,32 @@ class _GemmGen:
 
     def epilogue(self) -> None:
         """Define ``k_epi(row, col, acc)``: the matmul's epilogue and every later nest for one element."""
+        self.line(f"auto k_epi = [&](idx_t row, idx_t col, {self.ctype} acc) {{")
+        for text in self.nests(0, False, _store):
+            self.line("  " + text)
+        self.line("};")
+
+    def nests(self, first: int, written: bool, store: Store) -> list[str]:
+        """Lines computing ``v<k>`` for nest ``first`` (from ``acc``: the raw product when ``first`` is 0, else that
+        nest's value) and every later nest, storing each output through ``store`` unless ``written`` says nest
+        ``first``'s output holds its value already."""
         c = self.c
         p = self.printer()
         coords = [f"z{i}" for i in range(len(c.batch))] + ["row", "col"]
-        self.line(f"auto k_epi = [&](idx_t row, idx_t col, {self.ctype} acc) {{")
-        for k, nest in enumerate(c.program.nests):
+        lines = []
+        for k, nest in enumerate(c.program.nests[first:], start=first):
             st = nest.statement
             env = {d.name: coords[i] for i, d in enumerate(nest.parallel)}
             ext = extents(nest)
-            if k == 0:
-                value = "acc" if st.epilogue is None else p.expr(st.epilogue, env, ext, "acc")
+            if k == first:
+                value = "acc" if k > 0 or st.epilogue is None else p.expr(st.epilogue, env, ext, "acc")
             else:
                 value = p.expr(st.body, env, ext)
-            self.line(f"  const {self.ctype} v{k} = {value};")
-            if self.buffers[st.write.tensor].kind == BufferKind.OUTPUT:
-                self.line("  " + p.store(st.write, env, ext, f"v{k}"))
+            lines.append(f"const {self.ctype} v{k} = {value};")
+            if self.buffers[st.write.tensor].kind == BufferKind.OUTPUT and not (k == first and written):
+                lines.append(store(p, st.write, env, ext, f"v{k}"))
             p.local[st.write.tensor] = f"v{k}"
-        self.line("};")
+        return lines
 
     def load_as(self, dtype: DType, ref: str) -> str:
         if dtype == DType.FLOAT16:
@@ -362,36 +408,112 @@ class _GemmGen:
 
     # -- vendor -----------------------------------------------------------------------------
 
-    def cublas(self) -> Launch:
-        """The cuBLAS launch writing the matmul's result (row-major C = A B as column-major C^T = B^T A^T)."""
-        c = self.c
-        out = c.matmul.statement.write.tensor
+    def vendor(self, plan: VendorPlan) -> Launch:
+        """The library launch computing the product (and ``plan``'s folded epilogue) into ``plan.out``: row-major
+        ``C = A B`` as column-major ``C^T = B^T A^T``, so the library's A is our B."""
+        c, g = self.c, self.g
         arg = {a.name: a for a in self.sig.args}
         scalars = {
-            "trans_b": int(c.b_k_major), "m": c.n, "n": c.m, "k": c.k,
+            "trans_a": int(c.b_k_major), "m": c.n, "n": c.m, "k": c.k,
             "lda": c.b.outer if c.b_k_major else c.b.k, "ldb": c.a.outer, "ldc": c.n,
             "stride_a": _flat_stride(c.b, c.batch), "stride_b": _flat_stride(c.a, c.batch), "stride_c": c.m * c.n,
             "batch": math.prod(c.batch), "type_a": _CUDA_TYPE[c.b.dtype], "type_b": _CUDA_TYPE[c.a.dtype],
-            "type_c": _CUDA_TYPE[self.buffers[out].dtype], "compute": 70 if self.ctype == "double" else 68,
+            "type_c": _CUDA_TYPE[plan.dtype], "compute": _COMPUTE_64F if c.a.dtype == DType.FLOAT64 else _COMPUTE_32F,
         }
-        buffers = (arg[self.name(c.b.buffer)], arg[self.name(c.a.buffer)], arg[self.name(out)])
-        return Launch("cublas_gemm", (*buffers, *(Scalar(k, v, "int64") for k, v in scalars.items())),
-                      library="cublas_gemm")
+        buffers = [arg[self.name(c.b.buffer)], arg[self.name(c.a.buffer)], arg[self.name(plan.out)]]
+        entry = "cublas_gemm"
+        if g.path == "cublaslt":
+            entry = "cublaslt_matmul"
+            scalars |= {"epilogue": plan.epilogue, "bias": int(plan.bias is not None), "algo": g.algo}
+            buffers += [arg[self.name(plan.bias)]] if plan.bias else []
+        return Launch(entry, (*buffers, *(Scalar(k, v, "int64") for k, v in scalars.items())), library=entry)
 
-    def elementwise(self) -> bool:
-        """Emit the epilogue kernel of the cublas path (one thread per element); False when nothing is left."""
+    def rest(self, plan: VendorPlan) -> int:
+        """Emit the kernel applying the epilogue nests the library left to ``plan.out``'s values; its grid size, or
+        0 when nothing is left. A thread takes ``width`` consecutive elements of a row (:data:`VECTOR_BYTES` of the
+        narrowest of ``plan.out`` and the outputs it stores; one or two vector loads or stores each) where the row
+        length and the dtypes allow, else one element."""
         c = self.c
-        mm = c.matmul.statement
-        if mm.epilogue is None and not c.epilogue:
-            return False
-        self.line(f"const idx_t e = (idx_t)blockIdx.x * {EPILOGUE_THREADS} + threadIdx.x;")
-        self.line(f"if (e >= {math.prod(c.batch) * c.m * c.n}) return;")
-        self.line(f"const idx_t col = e % {c.n}, row = e / {c.n} % {c.m};")
+        nests = c.program.nests
+        first = plan.folded
+        written = first > 0 or nests[0].statement.epilogue is None
+        if written and first == len(nests) - 1:
+            return 0
+        stored = [n.statement.write.tensor for n in nests[first + int(written):]]
+        outputs = [b for b in stored if self.buffers[b].kind == BufferKind.OUTPUT]
+        sizes = {self.buffers[b].dtype.itemsize for b in (plan.out, *outputs)}
+        fits = [w for w in (8, 4, 2) if w * min(sizes) <= VECTOR_BYTES and w * min(sizes) % 4 == 0 and c.n % w == 0]
+        width = fits[0] if fits and sizes <= {2, 4} else 1
+        total = math.prod(c.batch) * c.m * c.n
+        self.line(f"const idx_t e = ((idx_t)blockIdx.x * {EPILOGUE_THREADS} + threadIdx.x) * {width};")
+        self.line(f"if (e >= {total}) return;")
+        self.line(f"const idx_t row = e / {c.n} % {c.m};")
         self.batch_digits(f"(e / {c.m * c.n})")
-        self.epilogue()
-        written = self.buffers[mm.write.tensor]
-        self.line(f"k_epi(row, col, {self.load_as(written.dtype, f'{self.name(mm.write.tensor)}[e]')});")
-        return True
+        source = self.name(plan.out)
+        if width == 1:
+            self.line(f"const idx_t col = e % {c.n};")
+            self.line(f"const {self.ctype} acc = {self.load_as(plan.dtype, f'{source}[e]')};")
+            for text in self.nests(first, written, _store):
+                self.line(text)
+            return -(-total // EPILOGUE_THREADS)
+        self.helpers.append(_VECTOR_IO)
+        words = width * self.buffers[plan.out].dtype.itemsize // 4
+        self.line(f"unsigned d[{words}];")
+        self.line(_vector_io("ld", source, "d", words))
+        for b in outputs:
+            self.line(f"float o_{self.name(b)}[{width}];")
+
+        def keep(p: EpiloguePrinter, access: Access, env: Env, ext: Mapping[str, int], value: str) -> str:
+            return f"o_{self.name(access.tensor)}[i] = {value};"
+
+        self.line(_unrolled(("i", width)) + " {")
+        self.line(f"  const idx_t col = e % {c.n} + i;")
+        self.line(f"  const {self.ctype} acc = {_unpack(plan.dtype, 'd')};")
+        for text in self.nests(first, written, keep):
+            self.line("  " + text)
+        self.line("}")
+        for b in outputs:
+            dtype, name = self.buffers[b].dtype, self.name(b)
+            count = width * dtype.itemsize // 4
+            self.line(f"unsigned w_{name}[{count}];")
+            self.line(_unrolled(("i", count)) + f" w_{name}[i] = {_pack(dtype, f'o_{name}')};")
+            self.line(_vector_io("st", name, f"w_{name}", count))
+        return -(-total // (width * EPILOGUE_THREADS))
+
+
+Store = Callable[[EpiloguePrinter, Access, Env, Mapping[str, int], str], str]
+
+
+def _vector_io(op: str, buffer: str, words: str, count: int) -> str:
+    """Load (``op`` "ld") or store ("st") the ``count`` 32-bit ``words`` at element ``e`` of ``buffer``, 16, 8 or 4
+    bytes at a time."""
+    out, done = [], 0
+    for size in (4, 2, 1):
+        while count - done >= size:
+            at = f"({'const ' if op == 'ld' else ''}char*)({buffer} + e)" + (f" + {4 * done}" if done else "")
+            part = f"{words} + {done}" if done else words
+            out.append(f"k_ld{size}({part}, {at});" if op == "ld" else f"k_st{size}({at}, {part});")
+            done += size
+    return " ".join(out)
+
+
+def _store(p: EpiloguePrinter, access: Access, env: Env, ext: Mapping[str, int], value: str) -> str:
+    return p.store(access, env, ext, value)
+
+
+def _unpack(dtype: DType, words: str) -> str:
+    """Element ``i`` of the packed ``words`` as a float."""
+    if dtype == DType.FLOAT32:
+        return f"__uint_as_float({words}[i])"
+    half = f"(unsigned short)({words}[i / 2] >> (i % 2 * 16))"
+    return f"k_h2f({half})" if dtype == DType.FLOAT16 else f"k_bf2f({half})"
+
+
+def _pack(dtype: DType, values: str) -> str:
+    """32-bit word ``i`` of the float array ``values`` stored as ``dtype`` (two 16-bit halves: one conversion)."""
+    if dtype == DType.FLOAT32:
+        return f"__float_as_uint({values}[i])"
+    return f"k_{'f16x2' if dtype == DType.FLOAT16 else 'bf16x2'}({values}[2 * i], {values}[2 * i + 1])"
 
 
 def _unrolled(*loops: tuple[str, int]) -> str:

@@ -1,10 +1,12 @@
-"""``gemm(path[,tile_m,tile_n,tile_k,warps,stages,swizzle])`` (cuda): run a contraction (a matmul with a pointwise
-epilogue, ``transforms.contraction``) as one GEMM kernel with the epilogue fused: ``mma`` (tensor cores,
-fp16/bf16), ``simt`` (CUDA cores, fp32/fp64) or ``cublas`` (vendor GEMM, then an epilogue kernel).
-See :class:`~transforms.contraction.GemmConfig` for the parameters."""
+"""``gemm(mma|simt,tile_m,tile_n,tile_k,warps,stages,swizzle)``, ``gemm(cublaslt,algo)``, ``gemm(cublas)`` (cuda):
+run a contraction (a matmul with a pointwise epilogue, ``transforms.contraction``) as one GEMM kernel with the
+epilogue fused: ``mma`` (tensor cores, fp16/bf16) or ``simt`` (CUDA cores, fp32/fp64); or as a vendor GEMM
+then an epilogue kernel: ``cublaslt`` (the cuBLASLt heuristic's algorithm of rank ``algo``, taking the bias
+and relu or tanh-gelu itself) or ``cublas`` (cuBLAS's default). See
+:class:`~transforms.contraction.GemmConfig` for the parameters."""
 
 from embed.loopnest import LoopProgram
-from transforms.contraction import PATHS, GemmConfig, gemm_configs, match_contraction
+from transforms.contraction import LT_ALGOS, PATHS, GemmConfig, gemm_configs, match_contraction
 from transforms.recipe import Step
 from transforms.schedule import Schedule, ScheduleError
 from transforms.transformation import Transformation, expect_ident, expect_int
@@ -25,11 +27,16 @@ class Gemm(Transformation):
         if path == "cublas":
             if len(step.args) > 1:
                 raise ScheduleError(f"step {step}: gemm(cublas) takes no other argument")
-            return schedule.set(gemm=GemmConfig(path))
-        if len(step.args) != 7:
-            raise ScheduleError(f"step {step}: gemm({path}) takes tile_m, tile_n, tile_k, warps, stages, swizzle")
-        tm, tn, tk, warps, stages, swizzle = (expect_int(step, i) for i in range(1, 7))
-        config = GemmConfig(path, tm, tn, tk, warps, stages, swizzle)
+            config = GemmConfig(path)
+        elif path == "cublaslt":
+            if len(step.args) != 2:
+                raise ScheduleError(f"step {step}: gemm(cublaslt) takes the algorithm's heuristic rank")
+            config = GemmConfig(path, algo=expect_int(step, 1, range(LT_ALGOS)))
+        else:
+            if len(step.args) != 7:
+                raise ScheduleError(f"step {step}: gemm({path}) takes tile_m, tile_n, tile_k, warps, stages, swizzle")
+            tm, tn, tk, warps, stages, swizzle = (expect_int(step, i) for i in range(1, 7))
+            config = GemmConfig(path, tm, tn, tk, warps, stages, swizzle)
         contraction = match_contraction(schedule.program)
         if contraction is None or not config.legal(contraction):
             raise ScheduleError(f"step {step}: not a legal gemm configuration for this program")
