@@ -16,8 +16,23 @@ from db.migrate import upgrade
 from db.session import Database
 from embed.partition import partition
 from service.bench_transfer import load_graph
-from service.crawl import crawl
+from service.crawl import CrawlReport, crawl
 from service.measure import MeasurementTable, Measurer
+
+
+def build(recording: dict, path: Path) -> tuple[CrawlReport, str]:
+    """Crawl the recording's models into a new SQLite file at ``path``; (the crawl's report, the device name)."""
+    config = recording["config"]
+    measurer = Measurer(MeasurementTable.from_json(recording["measurements"]))
+    subgraphs = [s for spec in config["models"] for s in partition(load_graph(spec))]
+    database = Database(f"sqlite:///{path}")
+    try:
+        upgrade(database.engine)
+        report = crawl(database, subgraphs, measurer, backend=config["backend"], strategy=config["strategy"],
+                       budget=config["budget"], seed=config["seed"])
+    finally:
+        database.dispose()
+    return report, measurer.table.device.name
 
 
 def main() -> None:
@@ -27,19 +42,9 @@ def main() -> None:
     args = p.parse_args()
     if args.database.exists():
         p.error(f"{args.database} exists; choose a new file")
-    recording = json.loads(args.recording.read_text())
-    config = recording["config"]
-    measurer = Measurer(MeasurementTable.from_json(recording["measurements"]))
-    subgraphs = [s for spec in config["models"] for s in partition(load_graph(spec))]
-    database = Database(f"sqlite:///{args.database}")
-    try:
-        upgrade(database.engine)
-        report = crawl(database, subgraphs, measurer, backend=config["backend"], strategy=config["strategy"],
-                       budget=config["budget"], seed=config["seed"])
-    finally:
-        database.dispose()
+    report, device = build(json.loads(args.recording.read_text()), args.database)
     print(f"{args.database}: {report.subgraphs} subgraphs, {report.measurements} measurements "
-          f"({report.cross_applications} cross-applications) on {measurer.table.device.name}")
+          f"({report.cross_applications} cross-applications) on {device}")
 
 
 if __name__ == "__main__":
