@@ -73,12 +73,14 @@ def _applicable(program: LoopProgram, backend: str) -> dict[str, list[list[Step]
 
 
 def default_recipe(program: LoopProgram, backend: str = "cpu") -> Recipe:
-    """The recipe tuning starts from: :data:`DEFAULTS` adapted, then the first choice of every other dimension.
+    """The recipe tuning starts from: :data:`DEFAULTS` adapted (each step, or what its transformation prefers for
+    these shapes: ``Transformation.preferred``), then the first choice of every other dimension.
 
     Where an exclusive transformation applies (see ``Transformation.exclusive``), only its first choices."""
     applicable = _applicable(program, backend)
     exclusive = any(lookup(name).exclusive for name in applicable)
-    chosen = [] if exclusive else list(adapt(Recipe(DEFAULTS[backend]), program, backend)[0])
+    chosen = [] if exclusive else [lookup(s.name).preferred(program, backend) or s
+                                   for s in adapt(Recipe(DEFAULTS[backend]), program, backend)[0]]
     names = {s.name for s in chosen}
     for name, groups in applicable.items():
         for options in groups:

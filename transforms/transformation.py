@@ -38,6 +38,11 @@ class Transformation(ABC):
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         """``schedule`` with this step's knobs set; ScheduleError for malformed parameters."""
 
+    def preferred(self, program: LoopProgram, backend: str) -> Step | None:
+        """The step a default recipe takes from this transformation in place of ``transforms.space.DEFAULTS``'
+        (a default that depends on the shapes), or None to keep that."""
+        return None
+
     def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
         """The legal step closest to ``step`` (itself when legal), or None when nothing fits."""
         groups = self.choices(program, backend)

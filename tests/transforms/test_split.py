@@ -18,7 +18,7 @@ from transforms.compilers import cuda
 from transforms.recipe import parse
 from transforms.run import quantize
 from transforms.schedule import ScheduleError
-from transforms.space import RecipeSpace
+from transforms.space import RecipeSpace, default_recipe
 from transforms.transformation import apply_recipe
 from transforms.tune import make_task
 from transforms.worker import check
@@ -120,6 +120,17 @@ def test_split_is_offered_for_few_long_rows_only() -> None:
     assert _splits(_sum(10_000_000)) == [256, 1024]
     assert _splits(_softmax(4096, 4096)) == [] and _splits(_softmax(8, 2048)) == []  # many rows; short rows
     assert _splits(_softmax(8, 128256), "cpu") == []
+
+
+def test_the_default_recipe_splits_few_long_rows_enough_to_give_every_sm_a_block() -> None:
+    def reduce_step(graph: Graph) -> str:
+        return next(str(s) for s in default_recipe(lower(graph), "cuda") if s.name == "reduce")
+
+    assert reduce_step(_softmax(8, 128256)) == "reduce(split,64)"  # 8 x 16 blocks would leave SMs idle
+    assert reduce_step(_cross_entropy(16, 128256)) == "reduce(split,16)"  # the log-softmax rows, not the mean's one
+    assert reduce_step(_softmax(256, 8192)) == "reduce(block)"  # split offered, but a block per row fills the GPU
+    assert reduce_step(_softmax(8, 1024)) == "reduce(block)"  # short rows: no split offered
+    assert next(s for s in default_recipe(lower(_softmax(8, 128256)), "cpu") if s.name == "reduce").args[0] != "split"
 
 
 def test_split_is_refused_where_a_row_is_not_one_inner_dim() -> None:

@@ -10,7 +10,7 @@ reduction group is a row reduction under every fuse mode, with the S that suit i
 """
 
 from embed.loopnest import LoopProgram
-from transforms.codegen.cuda_split import SPLITS, split_choices
+from transforms.codegen.cuda_split import SPLITS, default_split, split_choices
 from transforms.recipe import Step
 from transforms.schedule import Schedule, ScheduleError
 from transforms.transformation import Transformation, expect_ident, expect_int
@@ -30,6 +30,11 @@ class Reduce(Transformation):
         if backend == "cuda":
             steps += [Step("reduce", ("split", s)) for s in split_choices(program)]
         return [steps]
+
+    def preferred(self, program: LoopProgram, backend: str) -> Step | None:
+        """cuda: ``split`` for few long rows (``cuda_split.default_split``)."""
+        s = default_split(program) if backend == "cuda" and any(n.reduction for n in program.nests) else None
+        return None if s is None else Step("reduce", ("split", s))
 
     def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
         """As ``Transformation.nearest``, but a ``split`` step where no split is offered becomes ``block`` (a row
