@@ -41,7 +41,7 @@ def test_arguments_and_selection() -> None:
 
 def test_prior_recipes_from_both_json_layouts(tmp_path: Path) -> None:
     committed = prior_recipes(ROOT / "bench/results/gpu_transforms_h200.json")
-    assert committed[("matmul+bias+gelu", "4096x768x3072")] == "gemm(cublas)"
+    assert committed[("matmul+bias+gelu", "4096x768x3072")] == "gemm(cublaslt,0)"
     ours = tmp_path / "table.json"
     ours.write_text(json.dumps({"rows": [{"family": "softmax", "size": "1x2", "tunebank": {"best_recipe": "x"}},
                                          {"family": "softmax", "size": "3x4", "error": "boom"}]}))
