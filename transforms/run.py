@@ -4,8 +4,9 @@ The contract between code generation and the runner:
 
 - :class:`Launch`: the entry symbol, its arguments in order (:class:`Buffer` or :class:`Scalar`) and, for
   CUDA, grid / block / dynamic shared memory (above 48 KB the worker raises the kernel's limit), or a
-  ``library`` routine the worker runs on the arguments instead of a kernel (cuda: ``cublas_gemm``). A cpu
-  kernel is called as ``entry(arg0, arg1, ...)`` with buffers passed as pointers.
+  ``library`` routine the worker runs on the arguments instead of a kernel (cuda: ``cublas_gemm`` and
+  ``cublaslt_matmul`` of ``transforms.vendor_blas``). A cpu kernel is called as ``entry(arg0, arg1, ...)`` with
+  buffers passed as pointers.
 - :class:`Problem`: input arrays by buffer name (fresh random values chosen by the caller; they are
   converted to the buffer dtype, so compute the reference from :func:`quantize`-d inputs) and float64
   reference outputs by output-buffer name, plus optional per-output tolerances.
