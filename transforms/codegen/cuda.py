@@ -94,10 +94,13 @@ def generate_cuda(schedule: Schedule) -> Kernel:
         from transforms.codegen.cuda_split import generate_split
 
         return generate_split(schedule)
-    return _CudaGen(schedule).kernel()
+    return CudaGen(schedule).kernel()
 
 
-class _CudaGen:
+class CudaGen:
+    """The CUDA module of one schedule (``kernel()``): a launch per group, row groups through ``cuda_rows``;
+    ``cuda_split`` extends it for ``reduce(split,S)``."""
+
     def __init__(self, schedule: Schedule) -> None:
         self.s = schedule
         context = codegen_context(schedule.program)

@@ -290,7 +290,7 @@ class RowEmitter:
     """Emits one row kernel's body through the generator's ``line`` / ``var`` and printer (see module doc)."""
 
     plan: RowPlan
-    gen: object  # transforms.codegen.cuda._CudaGen (kept untyped: the two modules call each other)
+    gen: object  # transforms.codegen.cuda.CudaGen (kept untyped: the two modules call each other)
     p: Printer = field(init=False)
     scopes: list[dict[tuple[str, str], str]] = field(default_factory=lambda: [{}])
     pending: list[str] = field(default_factory=list)

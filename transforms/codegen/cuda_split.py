@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, replace
 
 from embed.loopnest import LoopNest, LoopProgram
-from transforms.codegen.cuda import DEFAULT_THREADS, _CudaGen
+from transforms.codegen.cuda import DEFAULT_THREADS, CudaGen
 from transforms.codegen.cuda_rows import (
     RowEmitter,
     RowPlan,
@@ -182,8 +182,8 @@ def _launches(plan: RowPlan) -> tuple[dict[int, int], int]:
     return out, launch + 1 + bool(reduced)
 
 
-class _SplitGen(_CudaGen):
-    """``_CudaGen`` whose split groups take several launches: all but the last are emitted beside the group's
+class _SplitGen(CudaGen):
+    """``CudaGen`` whose split groups take several launches: all but the last are emitted beside the group's
     own kernel and run before it."""
 
     def __init__(self, schedule: Schedule) -> None:
