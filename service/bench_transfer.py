@@ -221,7 +221,7 @@ class TransferBench:
     def _random_k(self, key: str) -> dict[int, float]:
         """Best of the default recipe and the first k of ``max(random_k)`` uniform random recipes, per k."""
         task, ks = self.tasks[key], self.config.random_k
-        picks = random_recipes(task, self.backend, max(ks), seed=self.config.seed)
+        picks = random_recipes(RecipeSpace(task.program, self.backend), max(ks), seed=self.config.seed)
         default = default_recipe(task.program, self.backend)
         scores = [r.score for r in self.measurer.measure(task, key, [default, *picks])]
         return {k: min(scores[: k + 1]) for k in ks}

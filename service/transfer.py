@@ -93,9 +93,9 @@ def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task
     return out
 
 
-def random_recipes(task: Task, backend: str, n: int, *, seed: int) -> list[Recipe]:
-    """``n`` distinct uniform random recipes of the task's space; the first m of n are the same for any n >= m."""
-    return RandomSearch(RecipeSpace(task.program, backend), budget=n, seed=seed + 1).ask(n)
+def random_recipes(space: RecipeSpace, n: int, *, seed: int) -> list[Recipe]:
+    """``n`` distinct uniform random recipes of ``space``; the first m of n are the same for any n >= m."""
+    return RandomSearch(space, budget=n, seed=seed + 1).ask(n)
 
 
 def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session, index: VectorIndex, device_id: int,
@@ -106,13 +106,14 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
     candidates the neighbours did not give."""
     near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude,
                       per_neighbour=per_neighbour)
-    default = default_recipe(task.program, backend)
-    given = list(dict.fromkeys(parse(n.recipe) for n in near if parse(n.recipe) != default))
+    space, default = RecipeSpace(task.program, backend), default_recipe(task.program, backend)
+    given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default]
+    taken = {default, *given}
     wanted = k * per_neighbour - len(given) if fill else 0
-    drawn = [r for r in random_recipes(task, backend, wanted + len(given) + 1, seed=seed) if r not in given and
-             r != default][:wanted] if wanted > 0 else []
-    searcher = create("given_candidates", RecipeSpace(task.program, backend), candidates=[default, *given, *drawn],
-                      local_budget=local_budget, seed=seed)
+    drawn = [r for r in random_recipes(space, wanted + len(taken), seed=seed) if r not in taken][:wanted] \
+        if wanted > 0 else []
+    searcher = create("given_candidates", space, candidates=[default, *given, *drawn], local_budget=local_budget,
+                      seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)
     origins = {r: "neighbour" for r in given} | {r: "random" for r in drawn} | {default: "default"}

@@ -18,7 +18,7 @@ from service.store import FAILED_LOSS, transfer_pairs
 from service.transfer import random_recipes, transfer_tune
 from tests.service.conftest import synthetic_measurer
 from transforms.recipe import parse
-from transforms.space import default_recipe
+from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import make_task
 
 
@@ -74,7 +74,7 @@ def test_crawl_stores_searches_cross_table_and_profiles(tmp_path: Path, tiny_sub
     assert filled.evaluations == 4 and origins.count("neighbour") == 1 and origins.count("random") == 2
     tried = {default_recipe(task.program), *(parse(n.recipe) for n in result.neighbours)}
     assert [parse(t.recipe) for t in filled.tried if t.origin == "random"] == [
-        r for r in random_recipes(task, "cpu", 5, seed=0) if r not in tried][:2]
+        r for r in random_recipes(RecipeSpace(task.program, "cpu"), 5, seed=0) if r not in tried][:2]
     assert filled.winner_s <= result.winner_s
 
 
