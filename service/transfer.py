@@ -26,7 +26,7 @@ from transforms.results import RunResult
 from transforms.search import create
 from transforms.search.random_search import RandomSearch
 from transforms.search.strategy import search
-from transforms.space import RecipeSpace, default_recipe
+from transforms.space import RecipeSpace
 from transforms.tune import Task
 
 
@@ -106,7 +106,8 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
     candidates the neighbours did not give."""
     near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude,
                       per_neighbour=per_neighbour)
-    space, default = RecipeSpace(task.program, backend), default_recipe(task.program, backend)
+    space = RecipeSpace(task.program, backend)
+    default = space.default
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default]
     taken = {default, *given}
     wanted = k * per_neighbour - len(given) if fill else 0

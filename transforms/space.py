@@ -10,6 +10,7 @@ space (a neighbour's) are first made legal with ``transforms.adapt``, then mutat
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 
@@ -40,6 +41,11 @@ class RecipeSpace:
     def dims(self) -> tuple[tuple[Step, ...], ...]:
         return self._product.dims
 
+    @functools.cached_property
+    def default(self) -> Recipe:
+        """:func:`default_recipe` of the program (computed once: ``legal`` needs it on every mutation)."""
+        return default_recipe(self.program, self.backend)
+
     def size(self) -> int:
         return self._product.size()
 
@@ -52,8 +58,7 @@ class RecipeSpace:
     def legal(self, recipe: Recipe) -> Recipe:
         """``recipe`` adapted to this program, with every dimension's step (defaults where it had none)."""
         adapted, _ = adapt(recipe, self.program, self.backend)
-        base = default_recipe(self.program, self.backend)
-        point = [next((s for s in adapted if s in options), next(s for s in base if s in options))
+        point = [next((s for s in adapted if s in options), next(s for s in self.default if s in options))
                  for options in self.dims]
         return Recipe(tuple(point))
 

@@ -88,19 +88,23 @@ def split_choices(program: LoopProgram) -> tuple[int, ...]:
     """The ``S`` offered for ``program``: none unless every group with reductions is a split group under every
     fuse mode; then each ``S`` that gives some reduction group of the fused program ``SMS / 2`` to ``16 * SMS``
     blocks (about one to sixteen per SM: few rows) with parts of at least :data:`MIN_PART` elements (long rows)."""
-    shapes = _split_shapes(program)
-    return tuple(s for s in SPLITS if any(SMS // 2 <= rows * s <= 16 * SMS and n >= s * MIN_PART for rows, n in shapes))
+    return _offered(_split_shapes(program))
 
 
 def default_split(program: LoopProgram) -> int | None:
     """The ``S`` a default recipe takes, or None: where the largest reduction group has fewer than ``SMS / 2`` rows
     (a block per row would leave most SMs idle), the smallest offered ``S`` that gives each SM a block (on an
     H200, the fastest S of the three few-long-row cases of ``bench/gpu_transforms.py``)."""
-    offered = split_choices(program)
-    rows = max(_split_shapes(program), key=lambda shape: shape[0] * shape[1], default=(SMS, 0))[0]
+    shapes = _split_shapes(program)
+    offered = _offered(shapes)
+    rows = max(shapes, key=lambda shape: shape[0] * shape[1], default=(SMS, 0))[0]
     if not offered or rows >= SMS // 2:
         return None
     return next((s for s in offered if rows * s >= SMS), offered[-1])
+
+
+def _offered(shapes: list[tuple[int, int]]) -> tuple[int, ...]:
+    return tuple(s for s in SPLITS if any(SMS // 2 <= rows * s <= 16 * SMS and n >= s * MIN_PART for rows, n in shapes))
 
 
 def _split_shapes(program: LoopProgram) -> list[tuple[int, int]]:
