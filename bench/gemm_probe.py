@@ -23,7 +23,7 @@ from transforms.codegen import generate
 from transforms.contraction import LT_ALGOS
 from transforms.eager_cuda import graph_replay_seconds
 from transforms.recipe import parse
-from transforms.run import Launch, to_float64
+from transforms.run import Launch, to_float
 from transforms.transformation import apply_recipe
 from transforms.tune import make_task
 from transforms.worker import CudaBackend, check, host_arrays
@@ -46,7 +46,8 @@ def timed(artifact: str, launches: list[Launch], inputs: dict[str, np.ndarray], 
         if reference is not None and tolerance is not None:
             outputs = fetch()
             for b in (b for launch in launches for b in launch.buffers if b.kind == "output"):
-                kind, error, text = check(to_float64(outputs[b.name], b.dtype), reference[b.name], tolerance[b.name])
+                output = backend.cupy.asnumpy(outputs[b.name])
+                kind, error, text = check(to_float(output, b.dtype), reference[b.name], tolerance[b.name])
                 out["error"], out["wrong"] = error, text if kind else ""
         out["s"] = float(np.median(backend.time(call, 2, repeats, 0.0)))
         return out

@@ -1,12 +1,12 @@
-"""The float64 reference evaluator of a ``LoopProgram``: every generated kernel is checked against it.
+"""The reference evaluator of a ``LoopProgram``: every generated kernel is checked against it.
 
-Floating-point buffers are computed in float64 whatever their declared dtype; integer buffers stay
-int64 and bool buffers bool. Evaluation is vectorised: each nest is a grid with one numpy axis per
-dimension, every value is an array that is size 1 along the dims it does not depend on, loads are
-strided views (affine; a padded access views a padded copy) or gathers (indirect, ragged), reductions are ufunc
-reductions over the reduction axes, and ``sum(a * b)`` is one batched ``np.matmul`` (BLAS), so a
-matmul never materialises its M x N x K grid. A ragged dimension spans the longest range and is
-masked to each row's own range.
+Floating-point buffers are computed in float64 whatever their declared dtype (or float32 when asked: what
+checking low-precision outputs needs, at half the cost); integer buffers stay int64 and bool buffers bool.
+Evaluation is vectorised: each nest is a grid with one numpy axis per dimension, every value is an array that is
+size 1 along the dims it does not depend on, loads are strided views (affine; a padded access views a padded copy)
+or gathers (indirect, ragged), reductions are ufunc reductions over the reduction axes, and ``sum(a * b)`` is one
+batched ``np.matmul`` (BLAS), so a matmul never materialises its M x N x K grid. A ragged dimension spans the
+longest range and is masked to each row's own range.
 """
 
 import math
@@ -74,18 +74,20 @@ _UFUNC = {Combiner.SUM: np.add, Combiner.MAX: np.maximum, Combiner.MIN: np.minim
 _CHUNK = 1 << 23  # elements (64 MiB of float64) a nest evaluates at once, split along its outermost dim
 
 
-def numpy_dtype(dtype: DType) -> type[np.generic]:
-    """The evaluator's dtype for a buffer of ``dtype``: float64, int64 or bool."""
+def numpy_dtype(dtype: DType, float_dtype: type[np.floating] = np.float64) -> type[np.generic]:
+    """The evaluator's dtype for a buffer of ``dtype``: ``float_dtype``, int64 or bool."""
     if dtype.is_float:
-        return np.float64
+        return float_dtype
     return np.bool_ if dtype == DType.BOOL else np.int64
 
 
-def evaluate(program: LoopProgram, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run ``program`` on ``inputs`` (name -> array of the buffer's shape) and return its outputs."""
+def evaluate(program: LoopProgram, inputs: Mapping[str, np.ndarray],
+             float_dtype: type[np.floating] = np.float64) -> dict[str, np.ndarray]:
+    """Run ``program`` on ``inputs`` (name -> array of the buffer's shape) and return its outputs, floats
+    computed in ``float_dtype`` (float64 or float32)."""
     env: dict[str, np.ndarray] = {}
     for buf in program.buffers.values():
-        dtype = numpy_dtype(buf.dtype)
+        dtype = numpy_dtype(buf.dtype, float_dtype)
         if buf.kind in (BufferKind.INPUT, BufferKind.PARAM):
             if buf.name not in inputs:
                 raise EvaluationError(f"missing input {buf.name!r} (expected shape {list(buf.shape)})")
@@ -96,7 +98,7 @@ def evaluate(program: LoopProgram, inputs: Mapping[str, np.ndarray]) -> dict[str
         elif buf.kind == BufferKind.CONST:
             env[buf.name] = np.asarray(buf.value, dtype=np.float64).astype(dtype).reshape(buf.shape)
         else:
-            env[buf.name] = np.full(buf.shape, np.nan) if dtype is np.float64 else np.zeros(buf.shape, dtype)
+            env[buf.name] = np.full(buf.shape, np.nan, dtype) if dtype is float_dtype else np.zeros(buf.shape, dtype)
     with np.errstate(all="ignore"):
         for nest in program.nests:
             pad_cache: dict[tuple, np.ndarray] = {}
@@ -336,7 +338,7 @@ def _has_acc(expr: Expr) -> bool:
 
 def _cast(value: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype.is_float:
-        return value.astype(np.float64)
+        return value if value.dtype.kind == "f" else value.astype(np.float64)
     if dtype == DType.BOOL:
         return value != 0
     return (np.trunc(value) if value.dtype.kind == "f" else value).astype(np.int64)

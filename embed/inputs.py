@@ -23,6 +23,8 @@ bfloat16-representable values (numpy has no bfloat16).
 """
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,7 @@ import numpy as np
 from embed.errors import EmbedError
 from embed.ir import DType, Graph
 
+_BLOCK = 1 << 20  # values one spawned generator draws (see _floats)
 _PASS_ON = {"identity", "cast", "reshape", "expand", "transpose", "slice", "concat"}
 _KEEP_POSITIVE = {"add", "mul", "div", "maximum", "minimum", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min"}
 _NEEDS_POSITIVE = {("sqrt", 0), ("rsqrt", 0), ("log", 0), ("reciprocal", 0), ("pow", 0), ("div", 1), ("batch_norm", 2)}
@@ -119,6 +122,23 @@ def _to_bfloat16(a: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32)
 
 
+def _floats(rng: np.random.Generator, shape: tuple[int, ...], dtype: type[np.floating], *, normal: bool) -> np.ndarray:
+    """Standard normal (or uniform [0, 1)) values of ``shape``, drawn in blocks of :data:`_BLOCK` by generators
+    spawned from ``rng`` (on threads: NumPy releases the GIL while it fills), so the values do not depend on the
+    thread count."""
+    out = np.empty(math.prod(shape), dtype)
+    starts = range(0, out.size, _BLOCK)
+    children = rng.spawn(len(starts))
+
+    def fill(k: int) -> None:
+        block = out[starts[k]: starts[k] + _BLOCK]
+        (children[k].standard_normal if normal else children[k].random)(dtype=dtype, out=block)
+
+    with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
+        list(pool.map(fill, range(len(starts))))
+    return out.reshape(shape)
+
+
 def _draw(graph: Graph, name: str, use: _Use, rng: np.random.Generator, seed: int) -> np.ndarray:
     tensor = graph.tensors[name]
     shape, dtype = tensor.shape, tensor.dtype
@@ -133,7 +153,9 @@ def _draw(graph: Graph, name: str, use: _Use, rng: np.random.Generator, seed: in
         if use.below is not None:
             return rng.integers(0, max(use.below, 1), shape).astype(_NUMPY[dtype])
         return rng.integers(1, 8, shape).astype(_NUMPY[dtype])
-    value = rng.uniform(0.5, 2.0, shape) if use.positive else rng.standard_normal(shape) / math.sqrt(use.fan_in or 1)
+    draw = np.float64 if dtype == DType.FLOAT64 else np.float32  # float32 draws are exact below float64, and faster
+    value = _floats(rng, shape, draw, normal=not use.positive)
+    value = 0.5 + 1.5 * value if use.positive else value / draw(math.sqrt(use.fan_in or 1))
     value = _to_bfloat16(value) if dtype == DType.BFLOAT16 else np.asarray(value, dtype=_NUMPY[dtype])
     value[value == 0] = 0.5
     return value

@@ -7,14 +7,17 @@ The contract between code generation and the runner:
   ``library`` routine the worker runs on the arguments instead of a kernel (cuda: ``cublas_gemm`` and
   ``cublaslt_matmul`` of ``transforms.vendor_blas``). A cpu kernel is called as ``entry(arg0, arg1, ...)`` with
   buffers passed as pointers.
-- :class:`Problem`: input arrays by buffer name (fresh random values chosen by the caller; they are
-  converted to the buffer dtype, so compute the reference from :func:`quantize`-d inputs) and float64
-  reference outputs by output-buffer name, plus optional per-output tolerances.
+- :class:`Problem`: input arrays by buffer name (fresh random values chosen by the caller, or arrays already in
+  the buffer dtype's storage form (:func:`to_storage`); values are converted to the buffer dtype, so compute the
+  reference from :func:`quantize`-d inputs) and reference outputs by output-buffer name (float64, or float32
+  where the tolerance is far above float32 rounding), plus optional per-output tolerances.
 - :class:`Trial`: a :class:`~transforms.results.BuildResult` + a sequence of Launches (one kernel per fused
   group, run in order on the same buffers) + a Problem.
 
 Validation: output buffers are filled with NaN (ints: their minimum) before the first call; each output
-is compared with its reference by relative error
+is compared with its reference (in the reference's float dtype, where the output lives: on the device for cuda,
+whose worker uploads a problem's inputs and references once and gives each trial fresh device copies of the
+inputs) by relative error
 ``max_i |out_i - ref_i| / max(|ref_i|, 1e-3 * max_j |ref_j|)``, which must not exceed the tolerance
 (:data:`TOLERANCE` by dtype unless the Problem overrides it). A non-finite output where the reference is
 finite is error kind "nan"; NaN never passes; validation covers the whole launch sequence. Timing of the
@@ -56,37 +59,45 @@ STORAGE: dict[str, str] = {
     "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8",
 }
 SCALAR_DTYPES = ("float64", "float32", "int64", "int32")
+CLOSE_TIMEOUT_S = 1.0  # a closing worker gets this long to exit by itself before it is killed
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
 def to_storage(values: Any, dtype: str) -> np.ndarray:
-    """``values`` converted to the storage array of ``dtype`` (bfloat16: round to nearest even, as bits)."""
-    if dtype != "bfloat16":
+    """``values`` converted to the storage array of ``dtype`` (bfloat16: round to nearest even, as bits); an
+    array already in that storage form is returned as it is."""
+    if dtype != "bfloat16" or np.asarray(values).dtype == np.uint16:
         return np.ascontiguousarray(values, dtype=STORAGE[dtype])
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     return np.where(np.isnan(np.asarray(values, np.float32)), 0x7FC0, rounded).astype(np.uint16)
 
 
-def to_float64(stored: np.ndarray, dtype: str) -> np.ndarray:
-    """A storage array of ``dtype`` as float64 values."""
+def to_float(stored: Any, dtype: str, float_dtype: Any = np.float64) -> Any:
+    """A storage array of ``dtype`` (NumPy or CuPy) as values of ``float_dtype``."""
     if dtype == "bfloat16":
-        return (stored.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return stored.astype(np.float64)
+        return (stored.astype(np.uint32) << 16).view(np.float32).astype(float_dtype, copy=False)
+    return stored.astype(float_dtype, copy=False)
 
 
 def quantize(values: Any, dtype: str) -> np.ndarray:
     """``values`` rounded to ``dtype`` and returned as float64: compute references from these."""
-    return to_float64(to_storage(values, dtype), dtype)
+    return to_float(to_storage(values, dtype), dtype)
+
+
+def poison(dtype: str) -> tuple[str, int | float]:
+    """(storage dtype, value) that marks an unwritten element of ``dtype``: NaN, integers their minimum."""
+    if dtype == "bfloat16":
+        return "uint16", 0x7FC0
+    storage = np.dtype(STORAGE[dtype])
+    return STORAGE[dtype], float("nan") if storage.kind == "f" else int(np.iinfo(storage).min)
 
 
 def poisoned(shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """A storage array filled with NaN (integers: their minimum value)."""
-    if dtype == "bfloat16":
-        return np.full(shape, 0x7FC0, np.uint16)
-    storage = np.dtype(STORAGE[dtype])
-    return np.full(shape, np.nan if storage.kind == "f" else np.iinfo(storage).min, storage)
+    """A storage array filled with :func:`poison`."""
+    storage, value = poison(dtype)
+    return np.full(shape, value, storage)
 
 
 def _check_name(name: str) -> None:
@@ -161,7 +172,8 @@ class Launch:
 
 @dataclass(frozen=True, eq=False)
 class Problem:
-    """Inputs (by buffer name) and float64 references (by output name) shared by the trials of one subgraph."""
+    """Inputs (by buffer name) and references (by output name; float64, or float32 for low-precision outputs)
+    shared by the trials of one subgraph."""
 
     inputs: Mapping[str, np.ndarray]
     reference: Mapping[str, np.ndarray]
@@ -174,8 +186,14 @@ class Problem:
 
     def save(self, path: Path) -> None:
         arrays = {f"in.{k}": np.asarray(v) for k, v in self.inputs.items()}
-        arrays |= {f"ref.{k}": np.asarray(v, np.float64) for k, v in self.reference.items()}
+        arrays |= {f"ref.{k}": _float_reference(v) for k, v in self.reference.items()}
         np.savez(path, **arrays)
+
+
+def _float_reference(values: Any) -> np.ndarray:
+    """A reference as float32 when given so, else float64."""
+    values = np.asarray(values)
+    return values if values.dtype == np.float32 else values.astype(np.float64, copy=False)
 
 
 def buffers_of(launches: Sequence[Launch]) -> list[Buffer]:
@@ -228,8 +246,12 @@ class Worker:
     def close(self) -> None:
         """Stop the worker process (if any)."""
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.kill()
+            if self._proc.poll() is None and self._proc.stdin is not None:
+                self._proc.stdin.close()  # a worker between trials exits at the end of its input
+                try:
+                    self._proc.wait(timeout=CLOSE_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
             self._proc.wait()
             self._proc = None
         if self._stderr is not None:
@@ -281,6 +303,8 @@ class Worker:
             self._proc.stdin.flush()
             reply = self._read(timeout_s)
         except TimeoutError:
+            assert self._proc is not None
+            self._proc.kill()
             self.close()
             return RunResult.failure("timeout", f"no result within {timeout_s:g} s; the worker was killed")
         except (EOFError, BrokenPipeError):

@@ -3,7 +3,7 @@
     results = tune(graph_or_subgraph, strategy="random", backend="cpu", budget=32, cache_dir=Path(".cache"))
 
 One :class:`Task` per tunable subgraph holds its loop program and one validation :class:`Problem` (random
-inputs quantized to the buffer dtypes, float64 reference from ``embed.evaluate``). Candidates are generated
+inputs in the buffer dtypes, reference from ``embed.evaluate``). Candidates are generated
 and compiled in parallel (``transforms.build``), then validated and timed one at a time
 (``transforms.run``).
 """
@@ -33,7 +33,7 @@ from transforms.codegen.signature import run_dtype, signature
 from transforms.recipe import Recipe
 from transforms.reorder import chain_orders, chains, describe
 from transforms.results import RunResult
-from transforms.run import TOLERANCE, Problem, Trial, Worker, quantize, run
+from transforms.run import TOLERANCE, Problem, Trial, Worker, run, to_float, to_storage
 from transforms.schedule import ScheduleError
 from transforms.search import create
 from transforms.search.strategy import Evaluate, Strategy, search
@@ -102,20 +102,39 @@ class TuneResults(list[TuneResult]):
         self.orders = list(orders)
 
 
-def quantized_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs by graph name, rounded to their buffer dtypes (as float64)."""
+def stored_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs by graph name in their buffer dtypes' storage form (:func:`~transforms.run.to_storage`)."""
     raw = random_inputs(graph, seed=seed)
-    return {n: quantize(raw[n], run_dtype(program.buffers[n].dtype)) for n in program.inputs}
+    return {n: to_storage(raw[n], run_dtype(program.buffers[n].dtype)) for n in program.inputs}
+
+
+def quantized_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0,
+                     float_dtype: type[np.floating] = np.float64) -> dict[str, np.ndarray]:
+    """Random inputs by graph name, rounded to their buffer dtypes (as ``float_dtype`` values)."""
+    return {n: to_float(v, run_dtype(program.buffers[n].dtype), float_dtype)
+            for n, v in stored_inputs(graph, program, seed=seed).items()}
+
+
+def reference_dtype(program: LoopProgram) -> type[np.floating]:
+    """float32 when every float output is float16 / bfloat16 and no float buffer is float64 (float32 rounding
+    is then far below the outputs' tolerance), else float64."""
+    dtypes = {run_dtype(b.dtype) for b in program.buffers.values() if b.dtype.is_float}
+    outputs = {run_dtype(program.buffers[n].dtype) for n in program.outputs if program.buffers[n].dtype.is_float}
+    low = outputs and outputs <= {"float16", "bfloat16"} and "float64" not in dtypes
+    return np.float32 if low else np.float64
 
 
 def make_problem(graph: Graph, program: LoopProgram, *, seed: int = 0) -> Problem:
-    """Random inputs (quantized to their dtypes) and float64 reference outputs, keyed by argument name."""
+    """Random inputs (in their storage dtypes) and reference outputs (float32 or float64:
+    :func:`reference_dtype`), keyed by argument name."""
     sig = signature(program, compute_dtype(program))
-    quantized = quantized_inputs(graph, program, seed=seed)
-    reference = evaluate(program, quantized)
-    inputs = {sig.names[n]: quantized[n] for n in program.inputs if n in sig.names}
+    stored = stored_inputs(graph, program, seed=seed)
+    precision = reference_dtype(program)
+    values = {n: to_float(v, run_dtype(program.buffers[n].dtype), precision) for n, v in stored.items()}
+    reference = evaluate(program, values, precision)
+    inputs = {sig.names[n]: stored[n] for n in program.inputs if n in sig.names}
     outputs = {sig.names[n]: reference[n] for n in program.outputs}
-    return Problem(inputs, outputs, tolerances(program, sig.names, quantized))
+    return Problem(inputs, outputs, tolerances(program, sig.names, values))
 
 
 def tolerances(program: LoopProgram, names: dict[str, str],

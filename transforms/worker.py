@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,10 +17,10 @@ import numpy as np
 from transforms import vendor_blas
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
-from transforms.run import Buffer, Launch, buffers_of, poisoned, to_float64, to_storage
+from transforms.run import STORAGE, Buffer, Launch, buffers_of, poison, poisoned, to_float, to_storage
 
 Call = Callable[[], None]
-Fetch = Callable[[], dict[str, np.ndarray]]
+Fetch = Callable[[], dict[str, Any]]  # the buffers, in the backend's memory
 _CTYPES = {"float64": ctypes.c_double, "float32": ctypes.c_float, "int64": ctypes.c_int64, "int32": ctypes.c_int32}
 #: cuda timing: buffer copies together exceed this many L2 caches; at most this many copies and bytes.
 L2_MULTIPLE = 2
@@ -37,21 +37,46 @@ MIN_REPEATS = 3
 LONG_CALL_S = 0.01
 
 
-def host_arrays(launches: Sequence[Launch], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Storage arrays for every buffer of ``launches``: inputs converted, outputs poisoned, scratch zeroed."""
+def host_arrays(launches: Sequence[Launch], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Fresh storage arrays for every buffer of ``launches``: inputs converted (copied, so a kernel that writes
+    one spoils nothing shared), outputs poisoned, scratch zeroed."""
     arrays = {}
     for b in buffers_of(launches):
         if b.kind == "input":
-            if b.name not in inputs:
-                raise ValueError(f"the problem has no input for buffer {b.name!r}")
-            if inputs[b.name].shape != b.shape:
-                raise ValueError(f"input {b.name!r} has shape {inputs[b.name].shape}, the launch wants {b.shape}")
-            arrays[b.name] = to_storage(inputs[b.name], b.dtype)
+            arrays[b.name] = np.array(to_storage(problem_input(inputs, b), b.dtype), copy=True)
         elif b.kind == "output":
             arrays[b.name] = poisoned(b.shape, b.dtype)
         else:
             arrays[b.name] = to_storage(np.zeros(b.shape), b.dtype)
     return arrays
+
+
+def problem_input(inputs: Mapping[str, np.ndarray], b: Buffer) -> np.ndarray:
+    """The problem's array for input buffer ``b``; ValueError when it is missing or mis-shaped."""
+    if b.name not in inputs:
+        raise ValueError(f"the problem has no input for buffer {b.name!r}")
+    if inputs[b.name].shape != b.shape:
+        raise ValueError(f"input {b.name!r} has shape {inputs[b.name].shape}, the launch wants {b.shape}")
+    return inputs[b.name]
+
+
+class LoadedProblem:
+    """A problem file's inputs and references, with what backends derive from them (device copies) kept
+    across the trials of that problem."""
+
+    def __init__(self, path: str) -> None:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = dict(data)
+        self.path = path
+        self.inputs = {k[3:]: v for k, v in arrays.items() if k.startswith("in.")}
+        self.reference = {k[4:]: v for k, v in arrays.items() if k.startswith("ref.")}
+        self.derived: dict[tuple[str, ...], Any] = {}
+
+    def cached(self, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per key for this problem."""
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]
 
 
 def copies_past_l2(set_bytes: int, l2_bytes: int) -> int:
@@ -60,21 +85,30 @@ def copies_past_l2(set_bytes: int, l2_bytes: int) -> int:
     return max(2, min(wanted, MAX_COPIES, max(1, MAX_COPY_BYTES // max(set_bytes, 1))))
 
 
-def check(output: np.ndarray, reference: np.ndarray, tolerance: float) -> tuple[str | None, float | None, str]:
-    """(error kind or None, max relative error over finite elements, message) for one output."""
+def check(output: Any, reference: Any, tolerance: float, xp: Any = np) -> tuple[str | None, float | None, str]:
+    """(error kind or None, max relative error over finite elements, message) for one output, computed in the
+    reference's float dtype; ``xp`` is the array module both arrays live in (NumPy, or CuPy for a device output,
+    which is then checked on the device)."""
     if output.shape != reference.shape:
         return "wrong", None, f"output shape {output.shape} != reference shape {reference.shape}"
-    finite = np.isfinite(output) & np.isfinite(reference)
-    nonfinite_mismatch = ~finite & (output != reference)
-    scale = 1e-3 * float(np.max(np.abs(reference[finite]), initial=0.0))
-    error = np.abs(output[finite] - reference[finite]) / np.maximum(np.abs(reference[finite]), max(scale, 1e-300))
-    worst = float(np.max(error, initial=0.0))
-    if np.any(nonfinite_mismatch & ~np.isfinite(output)):
-        count = int(np.count_nonzero(nonfinite_mismatch & ~np.isfinite(output)))
+    with np.errstate(all="ignore"):
+        finite = xp.isfinite(output) & xp.isfinite(reference)
+        nonfinite_mismatch = ~finite & (output != reference)
+        magnitude = xp.where(finite, xp.abs(reference), 0)
+        floor = max(1e-3 * _largest(magnitude), float(np.finfo(reference.dtype).tiny))
+        gap = xp.abs(output - reference) / xp.maximum(magnitude, reference.dtype.type(floor))
+        worst = _largest(xp.where(finite, gap, 0))
+    bad_output = nonfinite_mismatch & ~xp.isfinite(output)
+    if bool(bad_output.any()):
+        count = int(xp.count_nonzero(bad_output))
         return "nan", worst, f"{count} of {output.size} elements are NaN or infinite"
-    if np.any(nonfinite_mismatch) or worst > tolerance:
+    if bool(nonfinite_mismatch.any()) or worst > tolerance:
         return "wrong", worst, f"max relative error {worst:.3g} exceeds the tolerance {tolerance:g}"
     return None, worst, ""
+
+
+def _largest(values: Any) -> float:
+    return float(values.max()) if values.size else 0.0
 
 
 def within_budget(repeats: int) -> Iterator[int]:
@@ -91,6 +125,13 @@ class CpuBackend:
     """Calls each launch's ``entry(...)`` of a shared library through ctypes; times with perf_counter_ns."""
 
     fatal_on_error = False
+    xp = np
+
+    def arrays(self, launches: Sequence[Launch], problem: LoadedProblem) -> dict[str, np.ndarray]:
+        return host_arrays(launches, problem.inputs)
+
+    def reference(self, problem: LoadedProblem, name: str) -> np.ndarray:
+        return problem.reference[name]
 
     def bind(self, artifact: str, launches: Sequence[Launch], arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
         library = cpu.load(artifact)
@@ -127,7 +168,25 @@ class CudaBackend:
     def __init__(self) -> None:
         import cupy
 
-        self.cupy = cupy
+        self.cupy = self.xp = cupy
+
+    def arrays(self, launches: Sequence[Launch], problem: LoadedProblem) -> dict[str, Any]:
+        """Device arrays for every buffer: each input a copy of the problem's device copy (uploaded once per
+        problem), outputs poisoned and scratch zeroed on the device."""
+        cp, out = self.cupy, {}
+        for b in buffers_of(launches):
+            if b.kind == "input":
+                def upload(b: Buffer = b) -> Any:
+                    return cp.asarray(to_storage(problem_input(problem.inputs, b), b.dtype))
+
+                out[b.name] = problem.cached(("cuda", b.name, b.dtype), upload).copy()
+            else:
+                storage, value = poison(b.dtype) if b.kind == "output" else (STORAGE[b.dtype], 0)
+                out[b.name] = cp.full(b.shape, value, storage)
+        return out
+
+    def reference(self, problem: LoadedProblem, name: str) -> Any:
+        return problem.cached(("cuda", "reference", name), lambda: self.cupy.asarray(problem.reference[name]))
 
     def bind(self, artifact: str, launches: Sequence[Launch], arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
         cp = self.cupy
@@ -162,7 +221,7 @@ class CudaBackend:
                 return self.stream.end_capture()
 
         self.capture = capture
-        return call, lambda: {name: cp.asnumpy(array) for name, array in first.items()}
+        return call, lambda: first
 
     def time(self, call: Call, warmup: int, repeats: int, call_s: float) -> list[float]:
         """Seconds per launch sequence: each replay of the graph of all copies, over the number of copies.
@@ -190,27 +249,27 @@ _LIBRARY: dict[str, Callable[[Launch], Callable[..., None]]] = {"cublas_gemm": v
 _BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBackend, "cuda": CudaBackend}
 
 
-def execute(message: dict[str, Any], problem: dict[str, np.ndarray]) -> tuple[RunResult, bool]:
+def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult, bool]:
     """Run one trial: (result, whether the worker must exit after it)."""
     fatal = False
     try:
         launches = [Launch.from_json(data) for data in message["launches"]]
         backend = _BACKENDS[message["backend"]]()
         fatal = backend.fatal_on_error
-        arrays = host_arrays(launches, {k[3:]: v for k, v in problem.items() if k.startswith("in.")})
-        call, fetch = backend.bind(message["artifact"], launches, arrays)
+        call, fetch = backend.bind(message["artifact"], launches, backend.arrays(launches, problem))
         call()
         outputs = fetch()
-    except Exception as e:  # any failure to load, bind or launch is this candidate's result
+        worst = 0.0
+        for b in buffers_of(launches):
+            if b.kind == "output":
+                reference = backend.reference(problem, b.name)
+                kind, error, text = check(to_float(outputs[b.name], b.dtype, reference.dtype), reference,
+                                          message["tolerance"][b.name], backend.xp)
+                if kind is not None:
+                    return RunResult.failure(kind, f"output {b.name!r}: {text}", error), False
+                worst = max(worst, error or 0.0)
+    except Exception as e:  # any failure to load, bind, launch or fetch is this candidate's result
         return RunResult.failure("launch", f"{type(e).__name__}: {e}"), fatal
-    worst = 0.0
-    for b in buffers_of(launches):
-        if b.kind == "output":
-            kind, error, text = check(to_float64(outputs[b.name], b.dtype), problem[f"ref.{b.name}"],
-                                      message["tolerance"][b.name])
-            if kind is not None:
-                return RunResult.failure(kind, f"output {b.name!r}: {text}", error), False
-            worst = max(worst, error or 0.0)
     try:
         started = time.perf_counter()  # a second call, past lazy module loading, says how long one call takes
         call()
@@ -233,12 +292,12 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    problem_path, problem = "", {}
+    problem: LoadedProblem | None = None
     for line in sys.stdin:
         message = json.loads(line)
-        if message["problem"] != problem_path:
-            with np.load(message["problem"], allow_pickle=False) as data:
-                problem_path, problem = message["problem"], dict(data)
+        if problem is None or message["problem"] != problem.path:
+            problem = None  # free the last problem's arrays (and device copies) first
+            problem = LoadedProblem(message["problem"])
         result, fatal = execute(message, problem)
         reply({**result.to_json(), "fatal": fatal})
         if fatal:

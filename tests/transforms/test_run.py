@@ -144,7 +144,7 @@ def test_bfloat16_storage_rounds_like_torch():
 
 def test_poison_is_nan_for_floats_and_the_minimum_for_ints():
     assert np.isnan(runner.poisoned((3,), "float16")).all() and np.isnan(runner.quantize(np.nan, "bfloat16"))
-    assert np.isnan(runner.to_float64(runner.poisoned((2,), "bfloat16"), "bfloat16")).all()
+    assert np.isnan(runner.to_float(runner.poisoned((2,), "bfloat16"), "bfloat16")).all()
     assert (runner.poisoned((2,), "int32") == np.iinfo(np.int32).min).all()
 
 
@@ -184,3 +184,38 @@ def test_cuda_kernels_are_validated_timed_and_isolated(tmp_path, problem):
         assert w.starts == 2  # a CUDA error ends the worker; the next trial gets a fresh one
     assert results[0].repeats == 20 and 0 < results[0].min_s <= results[0].median_s < 1e-3
     assert results[0].max_rel_err < 1e-6
+
+
+CLOBBER = SIGNATURE + "{ for (int i = 0; i < n; i++) { c[i] = a[i] + b[i]; ((float*)a)[i] = 0; } }"
+CUDA_CLOBBER = """extern "C" __global__ void vadd(float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { c[i] = a[i] + b[i]; a[i] = 0; }
+}"""
+
+
+def test_a_kernel_that_writes_its_input_spoils_no_later_trial(built, problem, tmp_path):
+    [clobber] = build([Source(CLOBBER)], cache_dir=tmp_path)
+    stored = Problem({k: runner.to_storage(v, "float32") for k, v in problem.inputs.items()}, problem.reference)
+    with Worker() as w:
+        first, second = run([Trial(clobber, LAUNCH, stored), trial(built, stored, "correct")], worker=w, repeats=3)
+    assert first.ok and second.ok, (first.error, second.error)  # the first's timed calls read zeros, not the check
+
+
+@needs_gpu
+def test_cuda_trials_get_fresh_device_inputs_and_float32_references(tmp_path, problem):
+    built = build([Source(CUDA_CLOBBER, backend="cuda"), Source(CUDA_VADD.replace("BODY", "+ b[i]"), backend="cuda")],
+                  cache_dir=tmp_path)
+    launch = Launch("vadd", LAUNCH.args, grid=((N + 255) // 256, 1, 1), block=(256, 1, 1))
+    compact = Problem(problem.inputs, {"c": np.asarray(problem.reference["c"], np.float32)}, {"c": 1e-4})
+    with Worker() as w:
+        results = run([Trial(b, launch, p) for p in (problem, compact) for b in built], worker=w, repeats=3)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert all(r.max_rel_err < 1e-6 for r in results)
+
+
+def test_a_float32_reference_is_saved_as_float32_and_other_references_as_float64(tmp_path):
+    path = tmp_path / "p.npz"
+    Problem({"x": np.ones(2, np.float16)}, {"y": np.ones(2, np.float32), "z": np.ones(2, np.int64)}).save(path)
+    with np.load(path) as saved:
+        assert saved["in.x"].dtype == np.float16
+        assert saved["ref.y"].dtype == np.float32 and saved["ref.z"].dtype == np.float64
