@@ -14,7 +14,8 @@ strategy with its ``lanes``, the cuda launch shape ``threads`` / ``rows_per_bloc
 when set, a one-nest group keeps only its outer ``row_depth`` row dims and strides the rest across lanes, and
 (cuda) ``row_mode``: when set, row groups run as row kernels (``transforms.codegen.cuda_rows``), and (cuda)
 ``stage``: (tile, elements per thread), when set, strided pointwise nests go through shared-memory tiles
-(``transforms.codegen.cuda_stage``), and (cuda) ``chunk``: the nonzeros per chunk of ``sparse(merge,C,V)``.
+(``transforms.codegen.cuda_stage``), (cuda) ``chunk``: the nonzeros per chunk of ``sparse(merge,C,V)``, and (cuda)
+``persist``: blocks per multiprocessor of a persistent row kernel, 0: one block per row group (``steps.persist``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Schedule:
     sparse: tuple[str, int] = ("csr", 1)  # (format, width) of ragged reductions: transforms.steps.sparse
     chunk: int = 0  # (cuda) nonzeros per chunk under sparse(merge,C,V): transforms.codegen.cuda_spmm
     stage: tuple[int, int] = (0, 0)  # (cuda) (tile, elements per thread) of staged nests; 0: off (steps.stage)
+    persist: int = 0  # (cuda) blocks per SM of a persistent row kernel; 0: off (steps.persist)
 
     def set(self, **knobs: object) -> Schedule:
         return replace(self, **knobs)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ import math
 
 from embed.ir import DType
 from embed.loopnest import Call, Dim, LoopNest
-from transforms.codegen.cuda_rows import RowEmitter, plan_rows
+from transforms.codegen.cuda_rows import RowEmitter, persistent_grid, plan_rows
 from transforms.codegen.cuda_stage import emit_staged, plan_group
 from transforms.codegen.expr import Printer, combine, extents, literal, prelude
 from transforms.codegen.kernel import Kernel, codegen_context, cuda_consts, cuda_params
@@ -112,6 +112,7 @@ class CudaGen:
         self.lines: list[str] = []
         self.fresh = 0
         self.shared_bytes = 0  # dynamic shared memory of the group being generated
+        self.min_blocks = 0  # blocks per SM its launch bounds ask for (persistent row kernels); 0: none
 
     def var(self, prefix: str) -> str:
         self.fresh += 1
@@ -128,10 +129,11 @@ class CudaGen:
         head += cuda_consts(self.sig, self.buffers, self.ctype)
         bodies, launches = [], []
         for k, group in enumerate(self.s.groups):
-            self.lines, self.shared_bytes = [], 0
+            self.lines, self.shared_bytes, self.min_blocks = [], 0, 0
             grid, block = self.group(group)
             entry = f"tb_kernel{k}"
-            bodies.append(f'extern "C" __global__ void __launch_bounds__({block}) {entry}({params}) '
+            bounds = f"{block}, {self.min_blocks}" if self.min_blocks else f"{block}"
+            bodies.append(f'extern "C" __global__ void __launch_bounds__({bounds}) {entry}({params}) '
                           f'{{\n' + "\n".join(self.lines) + "\n}")
             launches.append(Launch(entry, self.sig.args, (grid, 1, 1), (block, 1, 1), self.shared_bytes))
         return Kernel("cuda", "\n".join(head) + "\n" + "\n\n".join(bodies) + "\n", tuple(launches))
@@ -170,23 +172,23 @@ class CudaGen:
         if plan is None and rows == 1 and lanes > 1:  # one block does all the work: give it every lane
             lanes = threads = MAX_THREADS
         per_block = threads // lanes
+        blocks = max(1, -(-rows // per_block))
+        frame = [d.name for d in g.frame.parallel[: g.depth]]
         self.line("const idx_t tid = threadIdx.x;")
+        if plan is not None and plan.persist:  # a persistent grid: each row group loops over rows
+            self.line(f"const int lane = (int)(tid % {lanes});")
+            self.shared_bytes, self.min_blocks = plan.shared_bytes, plan.persist
+            self.p.rows = RowEmitter(plan, self)
+            self.p.rows.persistent(rows, lambda row, valid: self.row_env(g, row, valid), frame)
+            self.p.rows = None
+            self.lines = [ln for ln in self.lines if ln.strip()]
+            return persistent_grid(plan, blocks), threads
         self.line(f"const idx_t row = (idx_t)blockIdx.x * {per_block} + tid / {lanes};")
         self.line(f"const int lane = (int)(tid % {lanes});")
         self.line(f"const bool valid = row < {rows};")
         if lanes > 32 and plan is None:
             self.line(f"__shared__ {self.ctype} k_part[{threads // 32}];")
-        env: dict[str, str] = {}
-        rest = "row"
-        for k, role in enumerate(reversed(g.rows)):
-            v = self.var("i")
-            extent = g.row_extent(role)
-            outermost = k == len(g.rows) - 1  # row < rows where valid; 0 elsewhere, so every read stays in bounds
-            bound = f"valid ? {rest} : 0" if outermost else f"{rest} % {extent}"
-            self.line(f"const idx_t {v} = {bound};")
-            rest = f"({rest} / {extent})"
-            env[role] = v
-        frame = [d.name for d in g.frame.parallel[: g.depth]]
+        env = self.row_env(g, "row", "valid")
         if plan is not None:
             self.shared_bytes = plan.shared_bytes
             self.p.rows = RowEmitter(plan, self)
@@ -200,7 +202,21 @@ class CudaGen:
             self.member(nest, dict(own), g.depth, lanes)
             self.line("}")
         self.lines = [ln for ln in self.lines if ln.strip()]
-        return max(1, -(-rows // per_block)), threads
+        return blocks, threads
+
+    def row_env(self, g: Group, row: str, valid: str) -> dict[str, str]:
+        """Emit ``g``'s row indices decoded from the flat row index ``row`` (row 0 where ``valid`` is false, so
+        every read stays in bounds); role -> index variable."""
+        env: dict[str, str] = {}
+        rest = row
+        for k, role in enumerate(reversed(g.rows)):
+            v = self.var("i")
+            extent = g.row_extent(role)
+            bound = f"{valid} ? {rest} : 0" if k == len(g.rows) - 1 else f"{rest} % {extent}"
+            self.line(f"const idx_t {v} = {bound};")
+            rest = f"({rest} / {extent})"
+            env[role] = v
+        return env
 
     def member(self, nest: LoopNest, env: dict[str, str], depth: int, lanes: int) -> None:
         st = nest.statement

@@ -63,6 +63,7 @@ class RowPlan:
     kept: frozenset[str]  # buffers whose values stay in registers inside the group
     staged: dict[str, int] = field(default_factory=dict)  # shared mode: input -> byte offset of its copies
     split: int = 1  # blocks sharing each row (``cuda_split``): block ``k_split`` walks its own ``chunks`` chunks
+    persist: int = 0  # blocks per SM of a persistent grid looping over the rows (``persist``); 0: a block per rows
 
     @property
     def threads(self) -> int:
@@ -147,10 +148,18 @@ def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | N
     chunks = -(-n // (lanes * v))
     registers = schedule.row_mode == "registers" and chunks * v <= MAX_REGISTER_ELEMS
     pairs = {} if registers or schedule.row_mode == "stream" else one_pass_pairs(rg.members, n)
-    plan = RowPlan(rg, n, lanes, per_block, v, chunks, registers, pairs, kept_buffers(rg, registers))
+    plan = RowPlan(rg, n, lanes, per_block, v, chunks, registers, pairs, kept_buffers(rg, registers),
+                   persist=schedule.persist)
     if schedule.row_mode in ("registers", "shared") and not registers:
         plan.staged = _staged(plan)
     return plan
+
+
+def persistent_grid(plan: RowPlan, blocks: int) -> int:
+    """The blocks of a persistent launch (``plan.persist`` per SM of an H100 / H200), at most ``blocks``."""
+    from transforms.codegen.cuda_split import SMS  # cuda_split imports this module
+
+    return min(blocks, plan.persist * SMS)
 
 
 def _fit(n: int, per_lane: int) -> int:
@@ -300,6 +309,7 @@ class RowEmitter:
     inner: str = ""
     fetching: set[str] = field(default_factory=set)  # staged inputs this pass copies to shared memory
     fetched: set[str] = field(default_factory=set)  # staged inputs already in shared memory
+    ready: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # prefetched load -> its words
 
     def __post_init__(self) -> None:
         self.p = self.gen.p  # type: ignore[attr-defined]
@@ -315,7 +325,12 @@ class RowEmitter:
     # -- the body ------------------------------------------------------------------------------
 
     def emit(self, env: dict[str, str], frame: list[str]) -> None:
-        plan, g = self.plan, self.plan.group
+        self.declare()
+        self.body(env, frame)
+
+    def declare(self) -> None:
+        """Shared arrays and (registers mode) the lane's chunk offsets."""
+        plan = self.plan
         if plan.lanes > 32:
             self.line(f"__shared__ {self.ctype} k_part[{3 * plan.threads // 32}];")
         if plan.staged:
@@ -323,6 +338,84 @@ class RowEmitter:
         if plan.registers:
             for c in range(plan.chunks):
                 self.line(f"const idx_t kc{c} = {c * plan.lanes * plan.vector} + (idx_t)lane * {plan.vector};")
+
+    def persistent(self, rows: int, decode: Callable[[str, str], dict[str, str]], frame: list[str]) -> None:
+        """The kernel as a loop of each row group over rows ``blockIdx.x * R + tid / L`` plus multiples of the
+        grid's stride (``persist``). In registers mode the next row's input words are loaded before the current
+        row is reduced and written. ``decode(row, valid)`` emits a row's indices and returns them as an env."""
+        plan, r = self.plan, self.plan.per_block
+        self.declare()
+        self.line(f"const idx_t k_stride = (idx_t)gridDim.x * {r};")
+        self.line(f"idx_t k_next = (idx_t)blockIdx.x * {r} + tid / {plan.lanes};")
+        pieces = self.prefetch(decode("k_next", f"k_next < {rows}"), f"k_next < {rows}", frame, declare=True)
+        self.line(f"for (idx_t k_base = (idx_t)blockIdx.x * {r}; k_base < {rows}; k_base += k_stride) {{")
+        self.line("const idx_t row = k_next;")
+        self.line(f"const bool valid = row < {rows};")
+        env = decode("row", "valid")
+        if pieces:
+            self.line(" ".join(f"const {ctype} {name}c = {name};" for name, ctype in pieces))
+            self.ready = {key: [f"{name}c{word}" for name, word in words] for key, words in self.words(env, frame)}
+        self.line("k_next = row + k_stride;")
+        if pieces:
+            self.prefetch(decode("k_next", f"k_next < {rows}"), f"k_next < {rows}", frame)
+        self.body(env, frame)
+        self.line("}")
+
+    def prefetch(self, env: dict[str, str], valid: str, frame: list[str], declare: bool = False) \
+            -> list[tuple[str, str]]:
+        """Registers mode: load the words of every input the group reads along its rows, at ``env``'s row, into
+        registers ``kf*`` (declared first if ``declare``); their (name, type)."""
+        if not self.plan.registers:
+            return []
+        pieces, loads = [], []
+        for k, (ptr, nwords, inside) in enumerate(self.row_inputs(env, frame).values()):
+            ctype, _, per = _piece(nwords)
+            words = []
+            for i in range(nwords // per):
+                pieces.append((f"kf{k}_{i}", ctype))
+                words.append(f"kf{k}_{i} = *(const {ctype}*)((const char*)({ptr}) + {4 * per * i});")
+            loads.append((" && ".join(c for c in (valid, inside) if c), " ".join(words)))
+        if declare and pieces:
+            self.line(" ".join(f"{ctype} {name}{{}};" for name, ctype in pieces))
+        for cond, words in loads:
+            self.line(f"if ({cond}) {{ {words} }}")
+        return pieces
+
+    def words(self, env: dict[str, str], frame: list[str]) -> list[tuple[tuple[str, str], list[tuple[str, str]]]]:
+        """``load``'s key at ``env``'s row of each prefetched input and chunk, with its words as (register, field)
+        pairs (the fields ``.x``... of the registers :meth:`prefetch` names)."""
+        out = []
+        for k, (key, (_, nwords, _)) in enumerate(self.row_inputs(env, frame).items()):
+            _, fields, per = _piece(nwords)
+            out.append((key, [(f"kf{k}_{i}", f".{f}" if f else "") for i in range(nwords // per)
+                              for f in list(fields) or [""]]))
+        return out
+
+    def row_inputs(self, env: dict[str, str], frame: list[str]) -> dict[tuple[str, str], tuple[str, int, str]]:
+        """Vector loads of inputs along the rows, per chunk: ``load``'s key at ``env``'s row -> (address, 32-bit
+        words, the chunk's guard: "" unless it runs past the row's end)."""
+        plan, g = self.plan, self.plan.group
+        written = {m.statement.write.tensor for m in g.members}
+        step = plan.lanes * plan.vector
+        out: dict[tuple[str, str], tuple[str, int, str]] = {}
+        for m in g.members:
+            inner, ext = inner_name(m, g.depth), extents(m)
+            own = {d.name: env[frame[i]] for i, d in enumerate(m.parallel[: g.depth])}
+            for a in m.loads():
+                buf = self.buffers[a.tensor]
+                if a.tensor in written or not a.dims() & own.keys() or a.fill is not None or \
+                        not vectorizable(a, buf.shape, buf.dtype, inner, plan.vector):
+                    continue
+                for c in range(plan.chunks):
+                    offset = self.p.offset(a.tensor, a.index, {**own, inner: f"kc{c}"}, ext)
+                    out.setdefault((a.tensor, offset), (f"{self.p.names[a.tensor]} + {offset}",
+                                                        plan.vector * _VECTOR_DTYPES[buf.dtype] // 4,
+                                                        "" if (c + 1) * step <= plan.n else f"kc{c} < {plan.n}"))
+        return out
+
+    def body(self, env: dict[str, str], frame: list[str]) -> None:
+        """The passes over one row (indices in ``env``)."""
+        plan, g = self.plan, self.plan.group
         written: set[str] = set()
         for k, span in self.passes():
             if {a.tensor for m in span for a in m.loads()} & written:
@@ -597,8 +690,9 @@ class RowEmitter:
         if vectorizable(access, buf.shape, buf.dtype, self.inner, plan.vector):
             ptr = f"{self.p.names[access.tensor]} + {key[1]}"
             copy = self.shared_copy(access)
-            loads, words = load_words(copy if access.tensor in self.fetched else ptr,
-                                      plan.vector * _VECTOR_DTYPES[buf.dtype] // 4, f"{name}w")
+            loads, words = ([], self.ready[key]) if key in self.ready else load_words(
+                copy if access.tensor in self.fetched else ptr, plan.vector * _VECTOR_DTYPES[buf.dtype] // 4,
+                f"{name}w")
             if copy and access.tensor not in self.fetched:
                 loads += store_words(copy, words)
                 self.fetching.add(access.tensor)
