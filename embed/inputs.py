@@ -23,16 +23,14 @@ bfloat16-representable values (numpy has no bfloat16).
 """
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from embed.blocks import BLOCK, blockwise
 from embed.errors import EmbedError
 from embed.ir import DType, Graph
 
-_BLOCK = 1 << 20  # values one spawned generator draws (see _floats)
 _PASS_ON = {"identity", "cast", "reshape", "expand", "transpose", "slice", "concat"}
 _KEEP_POSITIVE = {"add", "mul", "div", "maximum", "minimum", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min"}
 _NEEDS_POSITIVE = {("sqrt", 0), ("rsqrt", 0), ("log", 0), ("reciprocal", 0), ("pow", 0), ("div", 1), ("batch_norm", 2)}
@@ -123,19 +121,16 @@ def _to_bfloat16(a: np.ndarray) -> np.ndarray:
 
 
 def _floats(rng: np.random.Generator, shape: tuple[int, ...], dtype: type[np.floating], *, normal: bool) -> np.ndarray:
-    """Standard normal (or uniform [0, 1)) values of ``shape``, drawn in blocks of :data:`_BLOCK` by generators
-    spawned from ``rng`` (on threads: NumPy releases the GIL while it fills), so the values do not depend on the
-    thread count."""
+    """Standard normal (or uniform [0, 1)) values of ``shape``, each block (``embed.blocks``) drawn by its own
+    generator spawned from ``rng``, so the values do not depend on the thread count."""
     out = np.empty(math.prod(shape), dtype)
-    starts = range(0, out.size, _BLOCK)
-    children = rng.spawn(len(starts))
+    children = rng.spawn(max(1, -(-out.size // BLOCK)))
 
-    def fill(k: int) -> None:
-        block = out[starts[k]: starts[k] + _BLOCK]
-        (children[k].standard_normal if normal else children[k].random)(dtype=dtype, out=block)
+    def work(lo: int, hi: int) -> None:
+        child = children[lo // BLOCK]
+        (child.standard_normal if normal else child.random)(dtype=dtype, out=out[lo:hi])
 
-    with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
-        list(pool.map(fill, range(len(starts))))
+    blockwise(out.size, work)
     return out.reshape(shape)
 
 

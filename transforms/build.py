@@ -13,11 +13,13 @@ COMPILERS: dict[str, Callable[..., BuildResult]] = {"cpu": cpu.compile_c, "cuda"
 
 @dataclass(frozen=True)
 class Source:
-    """One candidate to compile: source text for ``backend`` ("cpu": C, "cuda": CUDA C++) and extra flags."""
+    """One candidate to compile: source text for ``backend`` ("cpu": C, "cuda": CUDA C++), extra flags and (cuda)
+    the target ``arch`` (``compute_XY``: PTX, ``sm_XY``: a cubin; "": the compiler's default)."""
 
     code: str
     backend: str = "cpu"
     options: tuple[str, ...] = ()
+    arch: str = ""
 
     def __post_init__(self) -> None:
         if self.backend not in COMPILERS:
@@ -34,8 +36,9 @@ def build(sources: Sequence[Source], *, cache_dir: Path, jobs: int = 4, timeout_
 
     def one(source: Source) -> BuildResult:
         try:
+            target = {"arch": source.arch} if source.arch else {}
             return COMPILERS[source.backend](
-                source.code, cache_dir=cache_dir, options=source.options, timeout_s=timeout_s
+                source.code, cache_dir=cache_dir, options=source.options, timeout_s=timeout_s, **target
             )
         except OSError as e:  # e.g. the cache directory is not writable
             return BuildResult(source.backend, error_kind="compile", error=f"{type(e).__name__}: {e}")

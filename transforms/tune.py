@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embed.blocks import converted
 from embed.evaluate import evaluate
 from embed.inputs import random_inputs
 from embed.ir import Graph
@@ -30,10 +31,11 @@ from transforms.build import Source, build
 from transforms.codegen import Kernel, generate
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import run_dtype, signature
+from transforms.compilers import cuda
 from transforms.recipe import Recipe
 from transforms.reorder import chain_orders, chains, describe
 from transforms.results import RunResult
-from transforms.run import TOLERANCE, Problem, Trial, Worker, run, to_float, to_storage
+from transforms.run import STORAGE, TOLERANCE, Problem, Trial, Worker, run, to_float, to_storage
 from transforms.schedule import ScheduleError
 from transforms.search import create
 from transforms.search.strategy import Evaluate, Strategy, search
@@ -105,14 +107,20 @@ class TuneResults(list[TuneResult]):
 def stored_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs by graph name in their buffer dtypes' storage form (:func:`~transforms.run.to_storage`)."""
     raw = random_inputs(graph, seed=seed)
-    return {n: to_storage(raw[n], run_dtype(program.buffers[n].dtype)) for n in program.inputs}
+    dtypes = {n: run_dtype(program.buffers[n].dtype) for n in program.inputs}
+    return {n: converted(raw[n], lambda v, d=dtypes[n]: to_storage(v, d), STORAGE[dtypes[n]]) for n in dtypes}
 
 
 def quantized_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0,
                      float_dtype: type[np.floating] = np.float64) -> dict[str, np.ndarray]:
     """Random inputs by graph name, rounded to their buffer dtypes (as ``float_dtype`` values)."""
-    return {n: to_float(v, run_dtype(program.buffers[n].dtype), float_dtype)
-            for n, v in stored_inputs(graph, program, seed=seed).items()}
+    return _values(program, stored_inputs(graph, program, seed=seed), float_dtype)
+
+
+def _values(program: LoopProgram, stored: Mapping[str, np.ndarray], float_dtype: type[np.floating]) \
+        -> dict[str, np.ndarray]:
+    dtypes = {n: run_dtype(program.buffers[n].dtype) for n in stored}
+    return {n: converted(v, lambda a, d=dtypes[n]: to_float(a, d, float_dtype), float_dtype) for n, v in stored.items()}
 
 
 def reference_dtype(program: LoopProgram) -> type[np.floating]:
@@ -130,7 +138,7 @@ def make_problem(graph: Graph, program: LoopProgram, *, seed: int = 0) -> Proble
     sig = signature(program, compute_dtype(program))
     stored = stored_inputs(graph, program, seed=seed)
     precision = reference_dtype(program)
-    values = {n: to_float(v, run_dtype(program.buffers[n].dtype), precision) for n, v in stored.items()}
+    values = _values(program, stored, precision)
     reference = evaluate(program, values, precision)
     inputs = {sig.names[n]: stored[n] for n in program.inputs if n in sig.names}
     outputs = {sig.names[n]: reference[n] for n in program.outputs}
@@ -190,7 +198,8 @@ def evaluator(
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
         made = kernels(task.program, recipes, backend)
         ok = [k for k in made if isinstance(k, Kernel)]
-        builds = iter(build([Source(k.code, backend) for k in ok], cache_dir=cache_dir, jobs=jobs))
+        arch = cuda.device_arch() if backend == "cuda" else ""  # machine code for the GPU the worker runs on
+        builds = iter(build([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs))
         trials = [Trial(next(builds), k.launches, task.problem) for k in ok]
         results = iter(run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2))
         return [next(results) if isinstance(k, Kernel) else RunResult.failure("launch", k) for k in made]

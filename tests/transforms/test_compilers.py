@@ -69,6 +69,18 @@ def test_cuda_compiles_to_ptx_without_a_gpu(tmp_path, compiler):
 
 
 @pytest.mark.parametrize("compiler", ["nvrtc", "nvcc"])
+def test_cuda_compiles_to_a_cubin_for_a_real_arch(tmp_path, compiler):
+    if not cuda.available(compiler):
+        pytest.skip(f"{compiler} is not installed")
+    result = cuda.compile_cuda(CUDA_ADD, cache_dir=tmp_path, compiler=compiler, arch="sm_90")
+    assert result.ok and result.artifact.endswith(".cubin"), result.error
+    binary = Path(result.artifact).read_bytes()
+    assert binary.startswith(b"\x7fELF") and b"vadd" in binary
+    assert cuda.compile_cuda(CUDA_ADD, cache_dir=tmp_path, compiler=compiler, arch="compute_90").artifact.endswith(
+        ".ptx")
+
+
+@pytest.mark.parametrize("compiler", ["nvrtc", "nvcc"])
 def test_cuda_compile_error_is_a_value(tmp_path, compiler):
     if not cuda.available(compiler):
         pytest.skip(f"{compiler} is not installed")
