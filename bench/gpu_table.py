@@ -150,6 +150,8 @@ def transfer(graph: Graph, *, database: Any, measurer: Any, index_dir: Path, k: 
     return {"wall_s": time.perf_counter() - started, "subgraphs": len(found),
             "s": sum(f.result.winner_s for f in found), "evaluations": sum(f.result.evaluations for f in found),
             "winners": [f.result.winner for f in found],
+            "tried": [[[t.origin, t.recipe, t.result.median_s if t.result.ok else t.result.error_kind, t.result.repeats]
+                       for t in f.result.tried] for f in found],
             "neighbours": [[n.structural_hash[:12] for n in f.result.neighbours] for f in found]}
 
 
