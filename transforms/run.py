@@ -22,7 +22,8 @@ inputs) by relative error
 (:data:`TOLERANCE` by dtype unless the Problem overrides it). A non-finite output where the reference is
 finite is error kind "nan"; NaN never passes; validation covers the whole launch sequence. Timing of the
 whole sequence: ``warmup`` calls, then ``repeats`` calls timed one by one (fewer, at least 3, once they have
-taken a second: ``worker.TIMING_BUDGET_S``); the result keeps median, IQR, min and the count.
+taken a second: ``worker.TIMING_BUDGET_S``), or, for a candidate far slower than the fastest known
+(:data:`SLOWER_FACTOR`), its one timed call; the result keeps median, IQR, min and the count.
 cpu: ``time.perf_counter_ns``. cuda: the sequence is captured ``copies`` times into one CUDA graph, each
 copy on its own set of buffers, with enough copies that together they exceed twice the L2 cache (so every
 replay reads from device memory); each replay is timed with CUDA events and divided by ``copies``.
@@ -32,6 +33,7 @@ NumPy only: this module is on the GPU measurement path.
 """
 
 import json
+import math
 import os
 import re
 import select
@@ -60,6 +62,10 @@ STORAGE: dict[str, str] = {
 }
 SCALAR_DTYPES = ("float64", "float32", "int64", "int32")
 CLOSE_TIMEOUT_S = 1.0  # a closing worker gets this long to exit by itself before it is killed
+#: A candidate whose first timed call (wall clock, launch included) takes longer than SLOWER_FACTOR times the
+#: fastest median of the batch so far, and at least SLOWER_FLOOR_S, is not timed further: that call is its time.
+SLOWER_FACTOR = 4.0
+SLOWER_FLOOR_S = 1e-3
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -323,15 +329,19 @@ def run(
     warmup: int = 3,
     repeats: int = 30,
     worker: Worker | None = None,
+    best_s: float = math.inf,
 ) -> list[RunResult]:
     """Validate and time ``trials`` one at a time, each bounded by ``timeout_s``; one RunResult per trial.
 
     A trial whose build failed gets its build's error kind without running. Pass a ``worker`` to reuse
-    one across calls; otherwise one is started and stopped here.
+    one across calls; otherwise one is started and stopped here. ``best_s``: the fastest time known before these
+    trials (the incumbent); a trial far slower than it or than the batch's fastest so far is timed by one call
+    (:data:`SLOWER_FACTOR`; its result has ``repeats == 1``).
     """
     own = worker is None
     worker = worker or Worker()
     results: list[RunResult] = []
+    best = best_s
     try:
         with tempfile.TemporaryDirectory(prefix="tunebank-run-") as tmp:
             files: dict[int, str] = {}
@@ -350,8 +360,11 @@ def run(
                     "tolerance": trial.problem.tolerances(trial.launches),
                     "warmup": warmup,
                     "repeats": repeats,
+                    "slower_than_s": max(SLOWER_FACTOR * best, SLOWER_FLOOR_S) if math.isfinite(best) else None,
                 }
                 results.append(worker.request(message, timeout_s))
+                if results[-1].ok and results[-1].repeats > 1:
+                    best = min(best, results[-1].median_s)
     finally:
         if own:
             worker.close()

@@ -193,15 +193,20 @@ def evaluator(
     task: Task, *, backend: str, cache_dir: Path, worker: Worker | None = None, jobs: int = os.cpu_count() or 4,
     repeats: int = 10, timeout_s: float = 30.0,
 ) -> Callable[[list[Recipe]], list[RunResult]]:
-    """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time."""
+    """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time (a candidate far slower
+    than the fastest measured so far by one call: ``transforms.run.SLOWER_FACTOR``)."""
+    fastest = math.inf
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
+        nonlocal fastest
         made = kernels(task.program, recipes, backend)
         ok = [k for k in made if isinstance(k, Kernel)]
         arch = cuda.device_arch() if backend == "cuda" else ""  # machine code for the GPU the worker runs on
         builds = iter(build([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs))
         trials = [Trial(next(builds), k.launches, task.problem) for k in ok]
-        results = iter(run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2))
+        measured = run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2, best_s=fastest)
+        fastest = min([fastest, *(r.median_s for r in measured if r.ok and r.repeats > 1)])
+        results = iter(measured)
         return [next(results) if isinstance(k, Kernel) else RunResult.failure("launch", k) for k in made]
 
     return evaluate_recipes

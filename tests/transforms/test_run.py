@@ -219,3 +219,17 @@ def test_a_float32_reference_is_saved_as_float32_and_other_references_as_float64
     with np.load(path) as saved:
         assert saved["in.x"].dtype == np.float16
         assert saved["ref.y"].dtype == np.float32 and saved["ref.z"].dtype == np.float64
+
+
+SLOW = SIGNATURE + "{ volatile long spin = 0; for (long r = 0; r < 20000000; r++) spin += r;" \
+    " for (int i = 0; i < n; i++) c[i] = a[i] + b[i]; }"
+
+
+def test_a_candidate_far_slower_than_the_incumbent_is_timed_by_one_call(built, problem, worker, tmp_path):
+    [slow] = build([Source(SLOW)], cache_dir=tmp_path)
+    fast, far = run([trial(built, problem, "correct"), Trial(slow, LAUNCH, problem)], worker=worker, repeats=5)
+    assert fast.ok and fast.repeats == 5 and far.ok and far.repeats == 1 and far.median_s > runner.SLOWER_FLOOR_S
+    [alone] = run([Trial(slow, LAUNCH, problem)], worker=worker, repeats=5)  # no incumbent: timed as usual
+    assert alone.ok and alone.repeats > 1
+    [known] = run([Trial(slow, LAUNCH, problem)], worker=worker, repeats=5, best_s=fast.median_s)
+    assert known.ok and known.repeats == 1
