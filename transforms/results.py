@@ -41,8 +41,9 @@ class BuildResult:
 class RunResult:
     """One validated and timed candidate.
 
-    ``median_s`` / ``iqr_s`` / ``min_s`` are over ``repeats`` timed runs (seconds). ``max_rel_err`` is the
-    largest relative error against the float64 reference (None when the kernel did not produce output).
+    ``median_s`` / ``iqr_s`` / ``min_s`` are over ``repeats`` timed runs (seconds; one for a candidate far slower
+    than the fastest known). ``max_rel_err`` is the largest relative error against the reference (None when the
+    kernel did not produce output).
     """
 
     ok: bool
