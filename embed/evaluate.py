@@ -6,11 +6,14 @@ Evaluation is vectorised: each nest is a grid with one numpy axis per dimension,
 size 1 along the dims it does not depend on, loads are strided views (affine; a padded access views a padded copy)
 or gathers (indirect, ragged), reductions are ufunc reductions over the reduction axes, and ``sum(a * b)`` is one
 batched ``np.matmul`` (BLAS), so a matmul never materialises its M x N x K grid. A ragged dimension spans the
-longest range and is masked to each row's own range.
+longest range and is masked to each row's own range. A large nest runs in chunks of its outermost parallel dim
+(disjoint rows), on threads.
 """
 
 import math
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -99,11 +102,19 @@ def evaluate(program: LoopProgram, inputs: Mapping[str, np.ndarray],
             env[buf.name] = np.asarray(buf.value, dtype=np.float64).astype(dtype).reshape(buf.shape)
         else:
             env[buf.name] = np.full(buf.shape, np.nan, dtype) if dtype is float_dtype else np.zeros(buf.shape, dtype)
-    with np.errstate(all="ignore"):
-        for nest in program.nests:
-            pad_cache: dict[tuple, np.ndarray] = {}
-            for rows in _row_chunks(nest):
+    for nest in program.nests:
+        pad_cache: dict[tuple, np.ndarray] = {}
+
+        def run(rows: range | None, nest: LoopNest = nest, pad_cache: dict[tuple, np.ndarray] = pad_cache) -> None:
+            with np.errstate(all="ignore"):  # per thread
                 _NestEval(nest, env, pad_cache, rows).run()
+
+        chunks = _row_chunks(nest)
+        if len(chunks) == 1:
+            run(chunks[0])
+            continue
+        with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
+            list(pool.map(run, chunks))  # disjoint rows of the same buffers; NumPy releases the GIL in its loops
     return {
         name: env[name] if program.buffers[name].kind == BufferKind.OUTPUT else env[name].copy()
         for name in program.outputs
