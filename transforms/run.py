@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ STORAGE: dict[str, str] = {
 }
 SCALAR_DTYPES = ("float64", "float32", "int64", "int32")
 CLOSE_TIMEOUT_S = 1.0  # a closing worker gets this long to exit by itself before it is killed
+KEPT_PROBLEMS = 4  # saved problems a Worker keeps (see Worker.problem_file)
 #: A candidate whose first timed call (wall clock, launch included) takes longer than SLOWER_FACTOR times the
 #: fastest median of the batch so far, and at least SLOWER_FLOOR_S, is not timed further: that call is its time.
 SLOWER_FACTOR = 4.0
@@ -232,7 +234,9 @@ class Worker:
     """A ``python -m transforms.worker`` subprocess that runs one trial at a time.
 
     A trial that outlives its timeout kills the worker (result kind "timeout"); a worker that dies (a
-    segfault, an abort) gives kind "launch". Either way the next trial starts a fresh worker.
+    segfault, an abort) gives kind "launch". Either way the next trial starts a fresh worker. The problems of
+    the last :data:`KEPT_PROBLEMS` subgraphs stay saved (``problem_file``), so the batches of one search save
+    and the worker loads (and uploads) each problem once.
     """
 
     def __init__(self, *, python: str = sys.executable, startup_timeout_s: float = 60.0) -> None:
@@ -241,7 +245,9 @@ class Worker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
         self._buffer = b""
-        self.starts = 0
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        self._saved: dict[int, tuple[weakref.ref[Problem], Path]] = {}
+        self.starts = self.saves = 0
 
     def __enter__(self) -> "Worker":
         return self
@@ -249,8 +255,34 @@ class Worker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def problem_file(self, problem: Problem) -> str:
+        """The path of ``problem`` saved for the worker: saved on first use, kept while it is among the last
+        :data:`KEPT_PROBLEMS` problems asked for."""
+        known = self._saved.pop(id(problem), None)
+        if known is not None and known[0]() is not problem:  # a new problem where a dropped one lived
+            known[1].unlink(missing_ok=True)
+            known = None
+        if known is None:
+            if self._folder is None:
+                self._folder = tempfile.TemporaryDirectory(prefix="tunebank-problems-")
+            path = Path(self._folder.name) / f"problem{self.saves}.npz"
+            problem.save(path)
+            self.saves += 1
+            known = (weakref.ref(problem), path)
+        self._saved[id(problem)] = known  # most recent last
+        while len(self._saved) > KEPT_PROBLEMS:
+            self._saved.pop(next(iter(self._saved)))[1].unlink(missing_ok=True)
+        return str(known[1])
+
     def close(self) -> None:
-        """Stop the worker process (if any)."""
+        """Stop the worker process (if any) and delete the saved problems."""
+        self._stop()
+        if self._folder is not None:
+            self._folder.cleanup()
+            self._folder = None
+        self._saved.clear()
+
+    def _stop(self) -> None:
         if self._proc is not None:
             if self._proc.poll() is None and self._proc.stdin is not None:
                 self._proc.stdin.close()  # a worker between trials exits at the end of its input
@@ -311,14 +343,14 @@ class Worker:
         except TimeoutError:
             assert self._proc is not None
             self._proc.kill()
-            self.close()
+            self._stop()
             return RunResult.failure("timeout", f"no result within {timeout_s:g} s; the worker was killed")
         except (EOFError, BrokenPipeError):
             error = self._death()
-            self.close()
+            self._stop()
             return RunResult.failure("launch", error)
         if reply.pop("fatal"):
-            self.close()
+            self._stop()
         return RunResult.from_json(reply)
 
 
@@ -343,28 +375,23 @@ def run(
     results: list[RunResult] = []
     best = best_s
     try:
-        with tempfile.TemporaryDirectory(prefix="tunebank-run-") as tmp:
-            files: dict[int, str] = {}
-            for trial in trials:
-                if not trial.build.ok:
-                    results.append(RunResult.failure(trial.build.error_kind or "compile", trial.build.error))
-                    continue
-                if id(trial.problem) not in files:
-                    files[id(trial.problem)] = str(Path(tmp) / f"problem{len(files)}.npz")
-                    trial.problem.save(Path(files[id(trial.problem)]))
-                message = {
-                    "backend": trial.build.backend,
-                    "artifact": trial.build.artifact,
-                    "launches": [launch.to_json() for launch in trial.launches],
-                    "problem": files[id(trial.problem)],
-                    "tolerance": trial.problem.tolerances(trial.launches),
-                    "warmup": warmup,
-                    "repeats": repeats,
-                    "slower_than_s": max(SLOWER_FACTOR * best, SLOWER_FLOOR_S) if math.isfinite(best) else None,
-                }
-                results.append(worker.request(message, timeout_s))
-                if results[-1].ok and results[-1].repeats > 1:
-                    best = min(best, results[-1].median_s)
+        for trial in trials:
+            if not trial.build.ok:
+                results.append(RunResult.failure(trial.build.error_kind or "compile", trial.build.error))
+                continue
+            message = {
+                "backend": trial.build.backend,
+                "artifact": trial.build.artifact,
+                "launches": [launch.to_json() for launch in trial.launches],
+                "problem": worker.problem_file(trial.problem),
+                "tolerance": trial.problem.tolerances(trial.launches),
+                "warmup": warmup,
+                "repeats": repeats,
+                "slower_than_s": max(SLOWER_FACTOR * best, SLOWER_FLOOR_S) if math.isfinite(best) else None,
+            }
+            results.append(worker.request(message, timeout_s))
+            if results[-1].ok and results[-1].repeats > 1:
+                best = min(best, results[-1].median_s)
     finally:
         if own:
             worker.close()

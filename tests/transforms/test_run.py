@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -233,3 +235,16 @@ def test_a_candidate_far_slower_than_the_incumbent_is_timed_by_one_call(built, p
     assert alone.ok and alone.repeats > 1
     [known] = run([Trial(slow, LAUNCH, problem)], worker=worker, repeats=5, best_s=fast.median_s)
     assert known.ok and known.repeats == 1
+
+
+def test_a_problem_is_saved_once_across_runs_and_survives_a_worker_restart(built, problem):
+    with Worker() as w:
+        first = run([trial(built, problem, "correct")], worker=w, repeats=3)
+        hang, again = run([trial(built, problem, "hang"), trial(built, problem, "correct")], worker=w, timeout_s=1.0,
+                          repeats=3)
+        assert first[0].ok and hang.error_kind == "timeout" and again.ok, again.error
+        assert w.saves == 1 and w.starts == 2
+        others = [Problem(problem.inputs, problem.reference) for _ in range(runner.KEPT_PROBLEMS + 1)]
+        paths = [Path(w.problem_file(p)) for p in others]
+        assert w.saves == 1 + len(others) and not paths[0].exists() and all(p.exists() for p in paths[1:])
+    assert not any(p.exists() for p in paths)
