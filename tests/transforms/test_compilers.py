@@ -94,3 +94,15 @@ def test_nvrtc_and_nvcc_artifacts_do_not_share_a_cache_entry(tmp_path):
     a = cuda.compile_cuda(CUDA_ADD, cache_dir=tmp_path, compiler="nvrtc")
     b = cuda.compile_cuda(CUDA_ADD, cache_dir=tmp_path, compiler="nvcc")
     assert a.artifact != b.artifact
+
+
+def test_device_arch_is_a_cubin_target_only_for_a_gpu_nvrtc_supports(monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    if cuda._nvrtc() is None:
+        pytest.skip("NVRTC is not installed")
+    for capability, expected in (("90", "sm_90"), ("999", cuda.DEFAULT_ARCH)):
+        monkeypatch.setattr(cupy.cuda, "Device", lambda index, c=capability: type("Device", (), {
+            "compute_capability": c})())
+        cuda.device_arch.cache_clear()
+        assert cuda.device_arch() == expected
+    cuda.device_arch.cache_clear()

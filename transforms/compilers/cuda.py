@@ -49,13 +49,16 @@ def available(compiler: Compiler = "auto") -> bool:
 
 @functools.cache
 def device_arch() -> str:
-    """``sm_XY`` of the first visible GPU, or :data:`DEFAULT_ARCH` (PTX) when there is none."""
+    """``sm_XY`` of the first visible GPU when NVRTC can compile for it, else :data:`DEFAULT_ARCH` (PTX, which the
+    driver compiles for any later GPU)."""
+    nvrtc = _nvrtc()
     try:
         import cupy
 
-        return f"sm_{cupy.cuda.Device(0).compute_capability}"
+        capability = int(cupy.cuda.Device(0).compute_capability)
     except Exception:  # no CuPy, no driver, no GPU
         return DEFAULT_ARCH
+    return f"sm_{capability}" if nvrtc is not None and capability in nvrtc.getSupportedArchs() else DEFAULT_ARCH
 
 
 def _suffix(arch: str) -> str:
