@@ -120,15 +120,22 @@ def _to_bfloat16(a: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32)
 
 
-def _floats(rng: np.random.Generator, shape: tuple[int, ...], dtype: type[np.floating], *, normal: bool) -> np.ndarray:
-    """Standard normal (or uniform [0, 1)) values of ``shape``, each block (``embed.blocks``) drawn by its own
-    generator spawned from ``rng``, so the values do not depend on the thread count."""
-    out = np.empty(math.prod(shape), dtype)
+def _floats(rng: np.random.Generator, dtype: DType, use: _Use, shape: tuple[int, ...]) -> np.ndarray:
+    """Float values of ``shape`` and ``dtype`` (bfloat16: float32 holding bfloat16 values) by ``use``'s rule, exact
+    zeros replaced by 0.5; drawn and finished block by block (``embed.blocks``), each block by its own generator
+    spawned from ``rng``, so the values do not depend on the thread count."""
+    draw = np.float64 if dtype == DType.FLOAT64 else np.float32  # float32 draws are exact below float64, and faster
+    out = np.empty(math.prod(shape), _NUMPY[dtype])
     children = rng.spawn(max(1, -(-out.size // BLOCK)))
+    spread = draw(math.sqrt(use.fan_in or 1))
 
     def work(lo: int, hi: int) -> None:
         child = children[lo // BLOCK]
-        (child.standard_normal if normal else child.random)(dtype=dtype, out=out[lo:hi])
+        value = 0.5 + 1.5 * child.random(hi - lo, dtype=draw) if use.positive else \
+            child.standard_normal(hi - lo, dtype=draw) / spread
+        block = out[lo:hi]
+        block[...] = _to_bfloat16(value) if dtype == DType.BFLOAT16 else value
+        block[block == 0] = 0.5
 
     blockwise(out.size, work)
     return out.reshape(shape)
@@ -148,12 +155,7 @@ def _draw(graph: Graph, name: str, use: _Use, rng: np.random.Generator, seed: in
         if use.below is not None:
             return rng.integers(0, max(use.below, 1), shape).astype(_NUMPY[dtype])
         return rng.integers(1, 8, shape).astype(_NUMPY[dtype])
-    draw = np.float64 if dtype == DType.FLOAT64 else np.float32  # float32 draws are exact below float64, and faster
-    value = _floats(rng, shape, draw, normal=not use.positive)
-    value = 0.5 + 1.5 * value if use.positive else value / draw(math.sqrt(use.fan_in or 1))
-    value = _to_bfloat16(value) if dtype == DType.BFLOAT16 else np.asarray(value, dtype=_NUMPY[dtype])
-    value[value == 0] = 0.5
-    return value
+    return _floats(rng, dtype, use, shape)
 
 
 def random_inputs(graph: Graph, *, seed: int) -> dict[str, np.ndarray]:
