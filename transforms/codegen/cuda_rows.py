@@ -35,9 +35,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from embed.ir import DType
-from embed.loopnest import Acc, Access, Affine, BufferKind, Call, Combiner, Const, Expr, Load, LoopNest, walk
+from embed.loopnest import (
+    Acc,
+    Access,
+    Affine,
+    BufferKind,
+    Call,
+    Combiner,
+    Const,
+    Expr,
+    Load,
+    LoopNest,
+    LoopProgram,
+    walk,
+)
 from transforms.codegen.expr import Env, Printer, combine, extents, literal
-from transforms.schedule import Group, Schedule
+from transforms.schedule import Group, Schedule, plan_groups
 
 MODES = ("registers", "online", "stream", "shared")
 MAX_REGISTER_ELEMS = 32
@@ -85,6 +98,11 @@ def row_group(g: Group) -> Group | None:
             all(len(m.parallel) == g.depth for m in members):
         g = Group(g.nests, g.depth - 1, g.program)
     return g if g.depth > 0 and row_shaped(g) else None
+
+
+def has_row_groups(program: LoopProgram) -> bool:
+    """Whether some group of ``program`` fused whole runs as a row kernel: where the row steps apply."""
+    return any(row_group(g) for g in plan_groups(program, "all"))
 
 
 def row_shaped(g: Group) -> bool:

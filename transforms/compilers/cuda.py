@@ -103,7 +103,7 @@ def compile_cuda(
         if chosen == "nvrtc":
             return _nvrtc_compile(code, flags, workdir, suffix)
         (workdir / "kernel.cu").write_text(code)
-        run_tool(["nvcc", suffix.replace(".", "-"), *flags, "-o", str(workdir / f"kernel{suffix}"),
+        run_tool(["nvcc", "-cubin" if suffix == ".cubin" else "-ptx", *flags, "-o", str(workdir / f"kernel{suffix}"),
                   str(workdir / "kernel.cu")], timeout_s=timeout_s)
         return workdir / f"kernel{suffix}"
 

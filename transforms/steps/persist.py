@@ -6,9 +6,9 @@ input words into registers while it reduces and writes the current one. For many
 a block per row group ends after one short load, reduce and store. Offered where ``row_mode`` is."""
 
 from embed.loopnest import LoopProgram
-from transforms.codegen.cuda_rows import row_group
+from transforms.codegen.cuda_rows import has_row_groups
 from transforms.recipe import Step
-from transforms.schedule import Schedule, plan_groups
+from transforms.schedule import Schedule
 from transforms.transformation import Transformation, expect_int
 
 BLOCKS = (0, 2, 4, 8)
@@ -18,7 +18,7 @@ class Persist(Transformation):
     name = "persist"
 
     def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:
-        if backend != "cuda" or not any(row_group(g) for g in plan_groups(program, "all")):
+        if backend != "cuda" or not has_row_groups(program):
             return []
         return [[Step("persist", (b,)) for b in BLOCKS]]
 

@@ -7,9 +7,9 @@ passes read again into shared memory on the first pass. Offered when some group 
 row shape."""
 
 from embed.loopnest import LoopProgram
-from transforms.codegen.cuda_rows import MODES, row_group
+from transforms.codegen.cuda_rows import MODES, has_row_groups
 from transforms.recipe import Step
-from transforms.schedule import Schedule, plan_groups
+from transforms.schedule import Schedule
 from transforms.transformation import Transformation, expect_ident
 
 
@@ -17,7 +17,7 @@ class RowMode(Transformation):
     name = "row_mode"
 
     def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:
-        if backend != "cuda" or not any(row_group(g) for g in plan_groups(program, "all")):
+        if backend != "cuda" or not has_row_groups(program):
             return []
         return [[Step("row_mode", (m,)) for m in MODES]]
 
