@@ -35,7 +35,7 @@ from transforms.compilers import cuda
 from transforms.recipe import Recipe
 from transforms.reorder import chain_orders, chains, describe
 from transforms.results import RunResult
-from transforms.run import STORAGE, TOLERANCE, Problem, Trial, Worker, run, to_float, to_storage
+from transforms.run import STORAGE, TOLERANCE, Problem, Trial, Worker, fastest, run, to_float, to_storage
 from transforms.schedule import ScheduleError
 from transforms.search import create
 from transforms.search.strategy import Evaluate, Strategy, search
@@ -195,17 +195,17 @@ def evaluator(
 ) -> Callable[[list[Recipe]], list[RunResult]]:
     """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time (a candidate far slower
     than the fastest measured so far by one call: ``transforms.run.SLOWER_FACTOR``)."""
-    fastest = math.inf
+    incumbent = math.inf
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
-        nonlocal fastest
+        nonlocal incumbent
         made = kernels(task.program, recipes, backend)
         ok = [k for k in made if isinstance(k, Kernel)]
         arch = cuda.device_arch() if backend == "cuda" else ""  # machine code for the GPU the worker runs on
         builds = iter(build([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs))
         trials = [Trial(next(builds), k.launches, task.problem) for k in ok]
-        measured = run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2, best_s=fastest)
-        fastest = min([fastest, *(r.median_s for r in measured if r.ok and r.repeats > 1)])
+        measured = run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2, best_s=incumbent)
+        incumbent = fastest(measured, incumbent)
         results = iter(measured)
         return [next(results) if isinstance(k, Kernel) else RunResult.failure("launch", k) for k in made]
 
