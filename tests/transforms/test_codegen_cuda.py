@@ -1,9 +1,11 @@
 """CUDA generation compiles to PTX for every zoo subgraph (default and random recipes); no GPU needed."""
 
+import math
 import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from embed import zoo
@@ -15,6 +17,7 @@ from tests.gpu import needs_gpu
 from tests.transforms.kernels import single
 from transforms.build import Source, build
 from transforms.codegen import generate
+from transforms.codegen.cuda import ERF_A, ERF_P
 from transforms.compilers import cuda
 from transforms.recipe import parse
 from transforms.space import RecipeSpace, default_recipe
@@ -180,6 +183,36 @@ def test_exp_is_approximate_only_for_half_outputs() -> None:
     assert "k_fexp" not in single and "expf(" in single
 
 
+def _bias_gelu(rows: int, cols: int, dtype: str) -> Graph:
+    b = GraphBuilder("bias_gelu")
+    x, bias = b.input("x", (rows, cols), dtype), b.input("bias", (cols,), dtype)
+    s = b.node("add", [x, bias], (rows, cols), dtype)
+    return b.build([b.node("gelu", [s], (rows, cols), dtype, name="out", approximate="none")])
+
+
+def test_gelu_is_fast_only_for_half_outputs() -> None:
+    half, single = (generate(apply_recipe(parse("fuse(all);row_mode(registers)"), lower(_bias_gelu(4, 512, d))),
+                             "cuda").code.split('extern "C"')[1] for d in ("float16", "float32"))
+    assert "k_fgelu(" in half and "k_gelu(" not in half
+    assert "k_gelu(" in single and "k_fgelu(" not in single
+
+
+def test_fast_gelu_stays_within_one_fp16_ulp() -> None:
+    """The constants of ``k_fgelu`` evaluated as the kernel does (float32), against GELU in float64."""
+    f = np.float32
+    x = np.linspace(-12, 12, 240_001, dtype=f)
+    exact = 0.5 * x.astype(np.float64) * np.vectorize(math.erfc)(-x.astype(np.float64) / math.sqrt(2))
+    a = np.abs(x) * f(math.sqrt(0.5))
+    t = f(1) / (f(ERF_P) * a + f(1))
+    poly = f(ERF_A[-1])
+    for coefficient in reversed(ERF_A[:-1]):
+        poly = poly * t + f(coefficient)
+    erfc = poly * t * np.exp(-a * a)
+    fast = f(0.5) * x * np.where(x < 0, erfc, f(2) - erfc)
+    ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
+    assert np.max(np.abs(fast - exact) / ulp) < 1.0
+
+
 def test_single_row_groups_take_a_full_block() -> None:
     kernel = generate(apply_recipe(parse("fuse(all);threads(128);reduce(block);unroll(4)"),
                                    lower(_cross_entropy(64, 1000))), "cuda")
@@ -247,6 +280,16 @@ def test_wide_rows_validate_on_the_gpu(tmp_path: Path, recipe: str) -> None:
               _cross_entropy(16, 32000)]  # rows past registers: shared or online, Welford for the layernorm
     results = [measure(g, [recipe], tmp_path, backend="cuda")[0] for g in graphs]
     assert [(x.error_kind, x.error[:200]) for x in results if not x.ok] == []
+
+
+@needs_gpu
+def test_fast_gelu_validates_on_the_gpu(tmp_path: Path) -> None:
+    from tests.transforms.kernels import measure
+
+    (result,) = measure(_bias_gelu(512, 3072, "float16"), ["fuse(all);row_mode(registers);vectorize(8)"], tmp_path,
+                        backend="cuda")
+    assert result.ok, result.error
+    assert result.max_rel_err < 1e-3  # fp16 rounding (4.9e-4), not the approximation
 
 
 @needs_gpu

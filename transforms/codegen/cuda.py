@@ -9,7 +9,8 @@ memory across warps when L > 32). Members are separated by ``__syncwarp`` / ``__
 members see what earlier ones wrote. Groups without reductions use one thread per row point.
 A group with a single row (a whole-tensor reduction) always gets a block of :data:`MAX_THREADS` lanes.
 Half floats travel as raw 16 bits converted with PTX ``cvt``; no CUDA header is needed. Where every output is a
-16-bit float, ``exp`` is PTX ``ex2.approx`` (relative error near 1e-7, far below what those outputs keep). With
+16-bit float, :data:`FAST_MATH` replaces ``exp`` (PTX ``ex2.approx``, relative error near 1e-7) and exact ``gelu``
+(:func:`fast_gelu_source`, within one fp16 ulp): both below what those outputs keep. With
 ``row_mode`` set,
 groups of row shape run as row kernels instead (vector accesses, rows in registers: ``cuda_rows``); with ``stage``
 set, strided pointwise nests go through shared-memory tiles (tiled transposes: ``cuda_stage``).
@@ -18,6 +19,8 @@ set, strided pointwise nests go through shared-memory tiles (tiled transposes: `
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from embed.ir import DType
 from embed.loopnest import Call, Dim, LoopNest
@@ -51,21 +54,48 @@ __device__ static inline void k_welford(T& n, T& m, T& q, T n2, T m2, T q2) {
   m += d * f; q += q2 + d * d * n * f; n = all;
 }
 """
+#: Abramowitz & Stegun 7.1.26: for z >= 0, erfc(z) = t (a1 + a2 t + ... + a5 t^4) exp(-z^2) within 1.5e-7,
+#: t = 1 / (1 + p z); these are p and a1..a5.
+ERF_P = 0.3275911
+ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def fast_gelu_source() -> str:
+    """``k_fgelu``: exact GELU x Phi(x) with Phi from :data:`ERF_P` / :data:`ERF_A`, the fast reciprocal and
+    exponential, about half the instructions of ``erff`` (which held bias+gelu at 1.4x the DRAM bound:
+    ``bench/results/kernel_probe_h200.md``). Phi(x) = erfc(|z|) / 2 for x < 0 and 1 - erfc(|z|) / 2 otherwise
+    (z = x / sqrt 2), so nothing cancels: within one fp16 ulp of GELU everywhere, where ``1 + erff(z)`` loses
+    the negative tail."""
+    horner = f"{ERF_A[-1]!r}f"
+    for a in reversed(ERF_A[:-1]):
+        horner = f"fmaf({horner}, t, {a!r}f)"
+    return f"""
+__device__ static inline float k_fgelu(float x) {{
+  const float a = fabsf(x) * 0.70710678118654752440f, t = __fdividef(1.0f, fmaf({ERF_P!r}f, a, 1.0f));
+  const float erfc = {horner} * t * k_fexp(-a * a);
+  return 0.5f * x * (x < 0.0f ? erfc : 2.0f - erfc);
+}}
+"""
+
+
 _FAST_EXP = """
 __device__ static inline float k_fexp(float x) {
   float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f)); return y;
 }
 """
+#: Op -> helper of the fast math used where every output is a 16-bit float (defined by :data:`_FAST_EXP` and
+#: :func:`fast_gelu_source`).
+FAST_MATH = {"exp": "k_fexp", "gelu": "k_fgelu"}
 DEFAULT_THREADS = 256
 MAX_THREADS = 1024
 
 
 class _HookedPrinter(Printer):
     """A printer whose loads and expressions a row emitter may take over (register-held values, vector loads),
-    printing ``exp`` as ``exp_name`` when set."""
+    printing the ops of ``fast_math`` through its helpers."""
 
     rows: RowEmitter | None = None
-    exp_name: str = ""
+    fast_math: Mapping[str, str] = MappingProxyType({})
 
     def load(self, access, env, extents):  # type: ignore[no-untyped-def]
         return self.rows.load(access, env, extents) if self.rows else super().load(access, env, extents)
@@ -74,9 +104,9 @@ class _HookedPrinter(Printer):
         return self.rows.expr(expr, env, extents, acc) if self.rows else self.plain(expr, env, extents, acc)
 
     def plain(self, expr, env, extents, acc=None):  # type: ignore[no-untyped-def]
-        """``Printer.expr`` (its operands through ``expr``), with ``exp_name`` for ``exp``."""
-        if self.exp_name and isinstance(expr, Call) and expr.op == "exp":
-            return f"{self.exp_name}({self.expr(expr.args[0], env, extents, acc)})"
+        """``Printer.expr`` (its operands through ``expr``), with the ``fast_math`` helpers."""
+        if isinstance(expr, Call) and expr.op in self.fast_math:
+            return f"{self.fast_math[expr.op]}({self.expr(expr.args[0], env, extents, acc)})"
         return super().expr(expr, env, extents, acc)
 
 
@@ -107,8 +137,9 @@ class CudaGen:
         self.ctype, self.sig, self.buffers = context.ctype, context.sig, context.buffers
         self.p = _HookedPrinter(self.buffers, self.sig.names, self.ctype, "k_h2f({0})", "k_f2h((float)({0}))")
         half = all(self.buffers[n].dtype in (DType.FLOAT16, DType.BFLOAT16) for n in schedule.program.outputs)
-        self.exp = "k_fexp" if half and self.ctype == "float" else "expf" if self.ctype == "float" else "exp"
-        self.p.exp_name = self.exp if self.exp == "k_fexp" else ""
+        fast = half and self.ctype == "float"
+        self.exp = FAST_MATH["exp"] if fast else "expf" if self.ctype == "float" else "exp"
+        self.p.fast_math = FAST_MATH if fast else {}
         self.lines: list[str] = []
         self.fresh = 0
         self.shared_bytes = 0  # dynamic shared memory of the group being generated
@@ -124,8 +155,8 @@ class CudaGen:
     def kernel(self) -> Kernel:
         params = cuda_params(self.sig, self.buffers, self.ctype)
         online = _ONLINE.replace("EXP", self.exp).replace("T", self.ctype)
-        head = [CUDA_HEAD, prelude(self.ctype, "__device__ static inline"), _FAST_EXP if self.p.exp_name else "",
-                online]
+        fast = _FAST_EXP + fast_gelu_source() if self.p.fast_math else ""
+        head = [CUDA_HEAD, prelude(self.ctype, "__device__ static inline"), fast, online]
         head += cuda_consts(self.sig, self.buffers, self.ctype)
         bodies, launches = [], []
         for k, group in enumerate(self.s.groups):

@@ -1,0 +1,148 @@
+"""Experiment: where a memory-bound kernel's time goes. Each variant is a recipe's generated source, optionally
+rewritten (a math helper swapped, a conversion packed), validated against the reference and timed whole and launch
+by launch like every candidate (the worker's CUDA-graph replay over buffer copies past L2).
+
+    python3 -m bench.kernel_probe --out DIR [--repeats 20]
+
+A rewrite that changes the result (``gelu=identity``) is a floor, not a candidate: its row shows the error.
+Writes ``kernel_probe.md`` and ``kernel_probe.json`` into DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.gemm_probe import timed
+from bench.gpu_transforms import Case, bias_gelu, cross_entropy, layernorm, softmax
+from transforms.build import Source, build
+from transforms.codegen import generate
+from transforms.recipe import parse
+from transforms.transformation import apply_recipe
+from transforms.tune import make_task
+
+COPY_BYTES_PER_S = 4.22e12  # H200 read + write copy bandwidth measured by gpu_transforms.py
+
+GELU = re.compile(r"(__device__ static inline float k_gelu\(float x\) \{ return ).*?; \}")
+ERF_AS = """__device__ static inline float k_erf_as(float z) {
+  const float a = fabsf(z), t = __fdividef(1.0f, fmaf(0.3275911f, a, 1.0f));
+  const float p = fmaf(fmaf(fmaf(fmaf(1.061405429f, t, -1.453152027f), t, 1.421413741f), t, -0.284496736f), t,
+                       0.254829592f) * t;
+  return copysignf(1.0f - p * __expf(-a * a), z);
+}
+"""
+PACK = re.compile(r"\(\(unsigned int\)k_f2h\(\(float\)\((\w+)\)\) \| "
+                  r"\(\(unsigned int\)k_f2h\(\(float\)\((\w+)\)\) << 16\)\)")
+PACK2 = """__device__ static inline unsigned int k_pack2(float lo, float hi) {
+  unsigned int r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+"""
+EX2E = """__device__ static inline float k_ex2e(float x) {
+  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f)); return y;
+}
+"""
+
+
+def _before_helpers(code: str, helper: str) -> str:
+    at = code.index("__device__ static inline")
+    return code[:at] + helper + code[at:]
+
+
+def _in_kernels(code: str, old: str, new: str) -> str:
+    at = code.index('extern "C"')
+    return code[:at] + code[at:].replace(old, new)
+
+
+REWRITES: dict[str, Callable[[str], str]] = {
+    "gelu=identity": lambda code: GELU.sub(r"\1x; }", code),
+    "erf=as7126": lambda code: _before_helpers(
+        GELU.sub(r"\1 0.5f * x * (1.0f + k_erf_as(x * 0.70710678118654752440f)); }", code), ERF_AS),
+    "pack=f16x2": lambda code: _before_helpers(PACK.sub(r"k_pack2(\1, \2)", code), PACK2),
+    "exp=ex2": lambda code: _before_helpers(_in_kernels(code, " expf(", " k_ex2e("), EX2E),
+}
+
+BIAS_GELU = "fuse(all);persist(0);row_depth(0);row_mode(registers);threads(128);unroll(4);vectorize(8)"
+CE = ("fuse(all);reduce(block);inline(gather);persist(0);row_depth(0);row_mode(registers);rows_per_block(1);"
+      "threads(256);unroll(4);vectorize(8)")
+CE_WIDE = ("fuse(all);inline(gather);persist(0);reduce(block);row_depth(0);row_mode(registers);rows_per_block(1);"
+           "threads(128);unroll(2);vectorize(8)")
+LN = ("fuse(all);reduce(block);persist(0);row_depth(0);row_mode(registers);rows_per_block(1);threads(256);unroll(4);"
+      "vectorize(8)")
+SOFTMAX = ("fuse(all);reduce(block);persist(0);row_depth(0);row_mode(registers);rows_per_block(1);threads(512);"
+           "unroll(4);vectorize(8)")
+GELU_VARIANTS = [(), ("gelu=identity",), ("erf=as7126",), ("pack=f16x2",), ("erf=as7126", "pack=f16x2"),
+                 ("gelu=identity", "pack=f16x2")]
+PLAN: list[tuple[Case, str, list[tuple[str, ...]]]] = [
+    (bias_gelu(8192, 3072), BIAS_GELU, GELU_VARIANTS),
+    (bias_gelu(16384, 4096), BIAS_GELU, GELU_VARIANTS),
+    (cross_entropy(8192, 4096), CE, [(), ("exp=ex2",)]),
+    (cross_entropy(4096, 32000), CE_WIDE, [(), ("exp=ex2",)]),
+    (layernorm(8192, 4096), LN, [(), ("pack=f16x2",)]),
+    (layernorm(8192, 768), LN, [(), ("pack=f16x2",)]),
+    (softmax(2048, 32000), SOFTMAX, [(), ("pack=f16x2",)]),
+]
+
+
+def probe(case: Case, recipe: str, variants: list[tuple[str, ...]], repeats: int, cache: Path) -> list[dict[str, Any]]:
+    """One row per variant: median seconds whole and per launch, x bound, max relative error."""
+    task = make_task(case.graph)
+    kernel = generate(apply_recipe(parse(recipe), task.program), "cuda")
+    bound = case.bytes / COPY_BYTES_PER_S
+    rows = []
+    for names in variants:
+        code = kernel.code
+        for name in names:
+            code = REWRITES[name](code)
+        row: dict[str, Any] = {"case": f"{case.family} {case.size}", "recipe": recipe, "variant": "+".join(names)
+                               or "generated", "changed": code != kernel.code or not names}
+        (built,) = build([Source(code, "cuda")], cache_dir=cache)
+        if not built.ok:
+            rows.append(row | {"failed": built.error[:300]})
+            continue
+        launches, problem = list(kernel.launches), task.problem
+        row |= timed(built.artifact, launches, dict(problem.inputs), repeats, dict(problem.reference),
+                     problem.tolerances(launches))
+        if "s" in row:
+            row["x_bound"] = row["s"] / bound
+        if len(launches) > 1 and "failed" not in row:
+            row["parts"] = [timed(built.artifact, [launch], dict(problem.inputs), repeats).get("s")
+                            for launch in launches]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| case | variant | ms | x bound | parts (ms) | max rel err |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "failed" in r:
+            lines.append(f"| {r['case']} | {r['variant']} | failed: {r['failed'][:100]} | | | |")
+            continue
+        parts = ", ".join(f"{p * 1e3:.4f}" if p else "-" for p in r.get("parts", []))
+        wrong = f" ({r['wrong'][:50]})" if r.get("wrong") else ""
+        unchanged = "" if r["changed"] else " (rewrite matched nothing)"
+        lines.append(f"| {r['case']} | {r['variant']}{unchanged} | {r['s'] * 1e3:.4f} | {r['x_bound']:.2f} | "
+                     f"{parts} | {r.get('error', 0):.2g}{wrong} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    cache = Path(tempfile.mkdtemp())
+    rows = [row for case, recipe, variants in PLAN for row in probe(case, recipe, variants, args.repeats, cache)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "kernel_probe.json").write_text(json.dumps(rows, indent=1))
+    (args.out / "kernel_probe.md").write_text(markdown(rows))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
