@@ -44,15 +44,15 @@ def _in_kernels(code: str, old: str, new: str) -> str:
     return code[:at] + code[at:].replace(old, new)
 
 
-def _full_tail_unroll(code: str) -> str:
-    at = code.index("k_last") if "k_last" in code else len(code)
+def _full_unroll_after_first_kernel(code: str) -> str:
+    at = code.index("tb_kernel1") if "tb_kernel1" in code else len(code)
     return code[:at] + re.sub(r"#pragma unroll \d+", "#pragma unroll", code[at:])
 
 
 REWRITES: dict[str, Callable[[str], str]] = {
     "gelu=identity": lambda code: _in_kernels(_in_kernels(code, "k_fgelu(", "("), "k_gelu(", "("),
     "exp=ex2": lambda code: _before_helpers(_in_kernels(code, " expf(", " k_ex2e("), EX2E),
-    "tail-unroll=full": _full_tail_unroll,
+    "unroll=full-after-first": _full_unroll_after_first_kernel,
 }
 
 BIAS_GELU = "fuse(all);persist(0);row_depth(0);row_mode(registers);threads(128);unroll(4);vectorize(8)"
@@ -68,8 +68,8 @@ GELU_VARIANTS = [(), ("gelu=identity",)]
 PLAN: list[tuple[Case, str, list[tuple[str, ...]]]] = [
     (bias_gelu(8192, 3072), BIAS_GELU, GELU_VARIANTS),
     (bias_gelu(16384, 4096), BIAS_GELU, GELU_VARIANTS),
-    (cross_entropy(8192, 4096), CE, [(), ("tail-unroll=full",), ("exp=ex2", "tail-unroll=full")]),
-    (cross_entropy(4096, 32000), CE_WIDE, [(), ("tail-unroll=full",)]),
+    (cross_entropy(8192, 4096), CE, [(), ("unroll=full-after-first",), ("exp=ex2", "unroll=full-after-first")]),
+    (cross_entropy(4096, 32000), CE_WIDE, [(), ("unroll=full-after-first",)]),
     (layernorm(8192, 4096), LN, [()]),
     (layernorm(8192, 768), LN, [()]),
     (softmax(2048, 32000), SOFTMAX, [()]),

@@ -7,10 +7,7 @@ strided across the lanes (each lane then reduces serially); a member with only r
 flattened reduction space across the lanes and folds the partials with ``__shfl_xor_sync`` (and shared
 memory across warps when L > 32). Members are separated by ``__syncwarp`` / ``__syncthreads``, so later
 members see what earlier ones wrote. Groups without reductions use one thread per row point.
-A group with a single row (a whole-tensor reduction, e.g. a loss's mean over rows) that follows another group runs
-as that group's tail: the last of its blocks to finish (a ticket counter in scratch, reset by that block) runs it
-with its own lanes, saving a launch and the tail's cold reads (cross-entropy 8192x4096: the separate one-block
-launch was 8 of 42 us, ``bench/results/kernel_probe_h200.md``). Alone, it gets a block of :data:`MAX_THREADS` lanes.
+A group with a single row (a whole-tensor reduction) always gets a block of :data:`MAX_THREADS` lanes.
 Half floats travel as raw 16 bits converted with PTX ``cvt``; no CUDA header is needed. Where every output is a
 16-bit float, :data:`FAST_MATH` replaces ``exp`` (PTX ``ex2.approx``, relative error near 1e-7) and exact ``gelu``
 (:func:`fast_gelu_source`, within one fp16 ulp): both below what those outputs keep. With
@@ -30,9 +27,8 @@ from embed.loopnest import Call, Dim, LoopNest
 from transforms.codegen.cuda_rows import RowEmitter, persistent_grid, plan_rows
 from transforms.codegen.cuda_stage import emit_staged, plan_group
 from transforms.codegen.expr import Printer, combine, extents, literal, prelude
-from transforms.codegen.kernel import Kernel, codegen_context, compute_dtype, cuda_consts, cuda_params
-from transforms.codegen.signature import Signature
-from transforms.run import Buffer, Launch
+from transforms.codegen.kernel import Kernel, codegen_context, cuda_consts, cuda_params
+from transforms.run import Launch
 from transforms.schedule import Group, Schedule
 
 CUDA_HEAD = """
@@ -92,7 +88,6 @@ __device__ static inline float k_fexp(float x) {
 FAST_MATH = {"exp": "k_fexp", "gelu": "k_fgelu"}
 DEFAULT_THREADS = 256
 MAX_THREADS = 1024
-TICKET = "@ticket"  # the tail ticket counter's key in the kernel signature's names
 
 
 class _HookedPrinter(Printer):
@@ -149,26 +144,6 @@ class CudaGen:
         self.fresh = 0
         self.shared_bytes = 0  # dynamic shared memory of the group being generated
         self.min_blocks = 0  # blocks per SM its launch bounds ask for (persistent row kernels); 0: none
-        self.tails = self.fused_tails() if self.fuse_tails else frozenset()
-        if self.tails:
-            self.ticket = f"b{len(self.sig.args)}"
-            counter = Buffer(self.ticket, (1,), compute_dtype(schedule.program).value, "scratch")
-            self.sig = Signature({**self.sig.names, TICKET: self.ticket}, (*self.sig.args, counter), self.sig.consts)
-
-    fuse_tails = True  # run single-row groups as the tails of the groups before them (see the module docstring)
-
-    def fused_tails(self) -> frozenset[int]:
-        """Indices of the groups that run as the tail of the group before them: single-row reductions after a
-        group that is neither staged nor a tail itself."""
-        out: set[int] = set()
-        groups = self.s.groups
-        for k in range(1, len(groups)):
-            g = groups[k]
-            single = (plan_group(self.s, g) is None and plan_rows(self.s, g, DEFAULT_THREADS) is None
-                      and math.prod(g.row_extent(r) for r in g.rows) == 1 and self.lanes(g)[0] > 1)
-            if single and plan_group(self.s, groups[k - 1]) is None and k - 1 not in out:
-                out.add(k)
-        return frozenset(out)
 
     def var(self, prefix: str) -> str:
         self.fresh += 1
@@ -186,10 +161,6 @@ class CudaGen:
         bodies, launches = [], []
         for k, group in enumerate(self.s.groups):
             self.lines, self.shared_bytes, self.min_blocks = [], 0, 0
-            if k in self.tails and launches[-1].block[0] % 32 == 0:
-                self.group(group, tail_threads=launches[-1].block[0])
-                bodies[-1] = bodies[-1][: -len("\n}")] + "\n" + self.tail(self.lines) + "\n}"
-                continue
             grid, block = self.group(group)
             entry = f"tb_kernel{k}"
             bounds = f"{block}, {self.min_blocks}" if self.min_blocks else f"{block}"
@@ -197,23 +168,6 @@ class CudaGen:
                           f'{{\n' + "\n".join(self.lines) + "\n}")
             launches.append(Launch(entry, self.sig.args, (grid, 1, 1), (block, 1, 1), self.shared_bytes))
         return Kernel("cuda", "\n".join(head) + "\n" + "\n\n".join(bodies) + "\n", tuple(launches))
-
-    def tail(self, lines: list[str]) -> str:
-        """``lines`` (a tail group's body) run by the last block of the kernel they end, which then resets the
-        ticket counter for the next launch."""
-        ticket = f"((unsigned int*){self.ticket})"
-        return "\n".join([
-            "  __shared__ bool k_last;",
-            "  __threadfence();  // this block's writes before its ticket",
-            "  __syncthreads();",
-            f"  if (threadIdx.x == 0) k_last = atomicAdd({ticket}, 1u) == gridDim.x - 1;",
-            "  __syncthreads();",
-            "  if (k_last) {",
-            "  __threadfence();",
-            "  {", *lines, "  }",
-            f"  if (threadIdx.x == 0) *{ticket} = 0u;",
-            "  }",
-        ])
 
     def lanes(self, g: Group) -> tuple[int, int]:
         """(lanes per row, threads per block) for group ``g``."""
@@ -232,9 +186,7 @@ class CudaGen:
 
     # -- one group = one kernel --------------------------------------------------------------
 
-    def group(self, g: Group, tail_threads: int = 0) -> tuple[int, int]:
-        """Emit group ``g`` into ``lines``; its (grid, block). With ``tail_threads``, ``g`` is a single-row group
-        run as a tail by one block of that many threads."""
+    def group(self, g: Group) -> tuple[int, int]:
         staged = plan_group(self.s, g)
         if staged is not None:
             return emit_staged(self, staged, *self.s.stage)
@@ -249,7 +201,7 @@ class CudaGen:
             lanes, threads = self.lanes(g)
         rows = math.prod(g.row_extent(r) for r in g.rows)
         if plan is None and rows == 1 and lanes > 1:  # one block does all the work: give it every lane
-            lanes = threads = tail_threads or MAX_THREADS
+            lanes = threads = MAX_THREADS
         per_block = threads // lanes
         blocks = max(1, -(-rows // per_block))
         frame = [d.name for d in g.frame.parallel[: g.depth]]
@@ -262,8 +214,7 @@ class CudaGen:
             self.p.rows = None
             self.lines = [ln for ln in self.lines if ln.strip()]
             return persistent_grid(plan, blocks), threads
-        first = "0" if tail_threads else f"(idx_t)blockIdx.x * {per_block}"
-        self.line(f"const idx_t row = {first} + tid / {lanes};")
+        self.line(f"const idx_t row = (idx_t)blockIdx.x * {per_block} + tid / {lanes};")
         self.line(f"const int lane = (int)(tid % {lanes});")
         self.line(f"const bool valid = row < {rows};")
         if lanes > 32 and plan is None:

@@ -190,8 +190,6 @@ class _SplitGen(CudaGen):
     """``CudaGen`` whose split groups take several launches: all but the last are emitted beside the group's
     own kernel and run before it."""
 
-    fuse_tails = False  # kernel() pairs each group with one launch of its own
-
     def __init__(self, schedule: Schedule) -> None:
         super().__init__(schedule)
         self.plans: dict[tuple[int, ...], SplitPlan] = {}
