@@ -23,8 +23,9 @@ the graphs before it (and the graph's own from ``--prior``) and ``--spmm-budget`
 
 transfer (``--db PATH``, a SQLite tunebank database filled from other shapes on this device class): what
 ``tunebank tune --strategy transfer`` runs (``service.tune_transfer.transfer_model``), per case: its wall time
-(encoder fit, neighbour search, measuring the default and the neighbours' recipes) and the winner's time. Dense
-cases only: transfer_model validates on random inputs of the graph's shapes, not on the benchmark's CSR.
+(encoder fit, neighbour search, measuring the default and the neighbours' recipes) and the winner's time; then the
+tuned best and the transfer winner timed again side by side in one call (``head_to_head``). Dense cases only:
+transfer_model validates on random inputs of the graph's shapes, not on the benchmark's CSR.
 
 Writes DIR/gpu_table.md and DIR/gpu_table.json (``_quick`` with --quick). The whole table took 7.5 minutes on an
 H200 with the defaults and ``--prior bench/results/gpu_transforms_h200.json`` (SpMM 2.5 of them, max-autotune's
@@ -39,6 +40,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -189,7 +191,24 @@ def dense_row(case: Case, bench: Bench) -> dict[str, Any]:
     else:
         row["transfer"] = transfer(case.graph, database=bench.database, measurer=bench.measurer,
                                    index_dir=args.cache / "index", k=args.k, encoder=args.encoder)
+        row["head_to_head"] = head_to_head(task, bench.evaluate(task), row["tunebank"], row["transfer"])
     return row
+
+
+def head_to_head(task: Task, evaluate: Evaluate, tuned: dict[str, Any], transferred: dict[str, Any],
+                 rounds: int = 3) -> dict[str, Any]:
+    """The tuned best and the transfer winner timed again in one call, alternating ``rounds`` times (medians):
+    a 5-13 us kernel measured in two calls differs by up to 13%, as much as the 5% the comparison is about."""
+    winners = transferred.get("winners") or []
+    if tuned.get("best_recipe") is None or len(winners) != 1:
+        return {"error": "needs one tuned best and one transfer winner"}
+    pair = [parse(tuned["best_recipe"]), parse(winners[0])]
+    results = evaluate(pair * rounds)
+    times = [[r.median_s for r in results[k::2] if r.ok] for k in range(2)]
+    if not all(times):
+        return {"error": next(r.error for r in results if not r.ok)[:200]}
+    return {"tuned_s": statistics.median(times[0]), "transfer_s": statistics.median(times[1]),
+            "same_recipe": pair[0] == pair[1]}
 
 
 def spmm_row(graph: SpmmCase, bench: Bench, seeds: Sequence[str]) -> dict[str, Any]:

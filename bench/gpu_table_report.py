@@ -71,14 +71,17 @@ def _transfer(row: Mapping[str, Any], bound: float, tuned: float) -> str:
     if "error" in t:
         return str(t["error"])[:60]
     s = seconds(t)
-    return f"{_ms(s)} ({s / bound:.2f}); {t['wall_s']:.1f} s; {_ratio(tuned, s)} of tuned"
+    both = row.get("head_to_head") or {}
+    side = (f"; side by side {_ratio(both['tuned_s'], both['transfer_s'])}{', same recipe' * both['same_recipe']}"
+            if "tuned_s" in both else "")
+    return f"{_ms(s)} ({s / bound:.2f}); {t['wall_s']:.1f} s; {_ratio(tuned, s)} of tuned{side}"
 
 
 def dense_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = [
         "| family | size | bound | eager | compile default | compile max-autotune | tunebank tuned | "
         "max-autotune / tunebank | compile s (default, max-autotune) | tunebank search | transfer from db "
-        "(ms (x bound); wall; tuned/transfer) | tunebank best recipe |",
+        "(ms (x bound); wall; tuned/transfer, and timed side by side) | tunebank best recipe |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -120,7 +123,22 @@ def spmm_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def summary(dense: Sequence[Mapping[str, Any]], sparse: Sequence[Mapping[str, Any]]) -> list[str]:
+def targets(dense: Sequence[Mapping[str, Any]], l2_bytes: float) -> list[str]:
+    """Issue #6's dense criteria: memory-bound cases moving more than L2 (geomean over the bound, slowest against
+    max-autotune); transfer within 5% of tuned (timed side by side) and under 1 s."""
+    big = [r for r in dense if not r.get("flops") and r["bytes"] > l2_bytes]
+    vs_autotune = [(seconds(r.get("compile max-autotune")) / _tuned(r), f"{r['family']} {r['size']}") for r in big]
+    worst = min((v for v in vs_autotune if math.isfinite(v[0])), default=(math.nan, "-"))
+    sides = [r["head_to_head"] for r in dense if "tuned_s" in (r.get("head_to_head") or {})]
+    close = sum(s["tuned_s"] / s["transfer_s"] >= 0.95 for s in sides)
+    walls = [r["transfer"]["wall_s"] for r in dense if "wall_s" in (r.get("transfer") or {})]
+    return [f"Memory-bound cases moving more than L2 ({len(big)}): tuned / bound geomean "
+            f"{geomean([_tuned(r) / r['bound_s'] for r in big]):.3f}; slowest against max-autotune {worst[0]:.2f} "
+            f"({worst[1]}). Transfer: within 5% of tuned (side by side) in {close} of {len(sides)} cases; wall time "
+            f"under 1 s in {sum(w < 1 for w in walls)} of {len(walls)}."]
+
+
+def summary(dense: Sequence[Mapping[str, Any]], sparse: Sequence[Mapping[str, Any]], l2_bytes: float) -> list[str]:
     lines = []
     if dense:
         over_autotune = geomean([seconds(r.get("compile max-autotune")) / _tuned(r) for r in dense])
@@ -129,7 +147,8 @@ def summary(dense: Sequence[Mapping[str, Any]], sparse: Sequence[Mapping[str, An
                   for m in ("default", "max-autotune")}
         lines += [f"Dense, {len(dense)} cases: tunebank tuned is {over_eager:.2f}x eager and {over_autotune:.2f}x "
                   f"torch.compile max-autotune (geomean of time ratios; >1: tunebank faster). Cold compile time in "
-                  f"total: default {totals['default']:.1f} s, max-autotune {totals['max-autotune']:.1f} s."]
+                  f"total: default {totals['default']:.1f} s, max-autotune {totals['max-autotune']:.1f} s.",
+                  "", *targets(dense, l2_bytes)]
     if sparse:
         def library(name: str) -> Callable[[Mapping[str, Any]], float]:
             return lambda row: seconds(row.get(name))
@@ -158,7 +177,7 @@ def markdown(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         f"of its own; Inductor's process start-up ({meta['inductor_startup_s']:.1f} s) is not in the compile times. "
         f"Arguments: `{' '.join(f'{k}={v}' for k, v in meta['args'].items())}`.",
         "",
-        *summary(*ok),
+        *summary(*ok, meta["l2_mb"] * 1e6),
     ]
     if dense:
         lines += ["", "## Dense families", "", *dense_table(dense)]

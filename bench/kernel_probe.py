@@ -34,6 +34,11 @@ EX2E = """__device__ static inline float k_ex2e(float x) {
 """
 
 
+# 16-byte accesses of the first input and of global outputs (not shared-memory rows)
+LOAD = re.compile(r"\*\(const uint4\*\)(\(\(const char\*\)\(b0 .*?\) \+ \d+\));")
+STORE = re.compile(r"\*\(uint4\*\)(\(\(char\*\)\(b\d+ .*?\) \+ \d+\)) = (make_uint4\(.*\));")
+
+
 def _before_helpers(code: str, helper: str) -> str:
     at = code.index("__device__ static inline")
     return code[:at] + helper + code[at:]
@@ -53,6 +58,7 @@ REWRITES: dict[str, Callable[[str], str]] = {
     "gelu=identity": lambda code: _in_kernels(_in_kernels(code, "k_fgelu(", "("), "k_gelu(", "("),
     "exp=ex2": lambda code: _before_helpers(_in_kernels(code, " expf(", " k_ex2e("), EX2E),
     "unroll=full-after-first": _full_unroll_after_first_kernel,
+    "stream-hints": lambda code: LOAD.sub(r"__ldcs((const uint4*)\1);", STORE.sub(r"__stcs((uint4*)\1, \2);", code)),
 }
 
 BIAS_GELU = "fuse(all);persist(0);row_depth(0);row_mode(registers);threads(128);unroll(4);vectorize(8)"
@@ -64,15 +70,15 @@ LN = ("fuse(all);reduce(block);persist(0);row_depth(0);row_mode(registers);rows_
       "vectorize(8)")
 SOFTMAX = ("fuse(all);reduce(block);persist(0);row_depth(0);row_mode(registers);rows_per_block(1);threads(512);"
            "unroll(4);vectorize(8)")
-GELU_VARIANTS = [(), ("gelu=identity",)]
+GELU_VARIANTS = [(), ("gelu=identity",), ("stream-hints",)]
 PLAN: list[tuple[Case, str, list[tuple[str, ...]]]] = [
     (bias_gelu(8192, 3072), BIAS_GELU, GELU_VARIANTS),
     (bias_gelu(16384, 4096), BIAS_GELU, GELU_VARIANTS),
-    (cross_entropy(8192, 4096), CE, [(), ("unroll=full-after-first",), ("exp=ex2", "unroll=full-after-first")]),
+    (cross_entropy(8192, 4096), CE, [(), ("unroll=full-after-first",), ("stream-hints", "unroll=full-after-first")]),
     (cross_entropy(4096, 32000), CE_WIDE, [(), ("unroll=full-after-first",)]),
-    (layernorm(8192, 4096), LN, [()]),
-    (layernorm(8192, 768), LN, [()]),
-    (softmax(2048, 32000), SOFTMAX, [()]),
+    (layernorm(8192, 4096), LN, [(), ("stream-hints",)]),
+    (layernorm(8192, 768), LN, [(), ("stream-hints",)]),
+    (softmax(2048, 32000), SOFTMAX, [(), ("stream-hints",)]),
 ]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_table import SPMM, parse_args, prior_recipes, selected, transfer, tune
+from bench.gpu_table import SPMM, head_to_head, parse_args, prior_recipes, selected, transfer, tune
 from bench.gpu_table_report import markdown
 from bench.gpu_transforms import layernorm
 from bench.spmm_graphs import powerlaw, spmm_task
@@ -18,7 +18,8 @@ from embed.partition import partition
 from service.crawl import crawl
 from tests.service.conftest import TINY_MODELS, synthetic_measurer
 from transforms.run import Worker
-from transforms.tune import evaluator
+from transforms.space import default_recipe
+from transforms.tune import evaluator, make_task
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,6 +76,17 @@ def test_transfer_from_a_crawled_database(tmp_path: Path) -> None:
     assert 1 <= len(result["neighbours"][0]) <= 2
 
 
+def test_head_to_head_times_both_winners_in_one_call(tmp_path: Path) -> None:
+    task = make_task(layernorm(64, 256).graph)
+    default = str(default_recipe(task.program, "cpu"))
+    other = default.replace("vectorize(8)", "vectorize(1)") if "vectorize(8)" in default else default
+    with Worker() as worker:
+        evaluate = evaluator(task, backend="cpu", cache_dir=tmp_path, worker=worker, repeats=3)
+        both = head_to_head(task, evaluate, {"best_recipe": default}, {"winners": [other]}, rounds=2)
+    assert both["tuned_s"] > 0 and both["transfer_s"] > 0 and both["same_recipe"] == (other == default)
+    assert "error" in head_to_head(task, evaluate, {"best_recipe": default}, {"winners": []})
+
+
 def _spmm_row(name: str, cupyx_s: float, tuned_s: float) -> dict:
     return {"family": SPMM, "size": name, "n": 10, "nnz": 40, "deg_mean": 4.0, "deg_max": 4, "deg_cv": 0.0,
             "bound_s": tuned_s / 2, "eager": {"s": 1.0, "captured": False}, "cupyx csr@dense": {"s": cupyx_s},
@@ -98,7 +110,8 @@ def test_report_ratios_and_geomeans() -> None:
     wrong["cupyx csr@dense"]["rel_err"] = 1.0
     text = markdown(meta, [wrong, _spmm_row("b", 1e-3, 1e-3)])
     assert "over cupyx csr@dense 1.00x (1 of 2)" in text and "wrong result (rel err 1; 4.0000)" in text
-    dense = {"family": "softmax", "size": "8x8", "bound_s": 1e-3, "eager": {"s": 2e-3, "captured": True},
+    dense = {"family": "softmax", "size": "8x8", "bytes": 70e6, "flops": 0, "bound_s": 1e-3,
+             "eager": {"s": 2e-3, "captured": True},
              "compile default": {"compile_s": 1.5, "s": 1.5e-3, "captured": True},
              "compile max-autotune": {"compile_s": 9.0, "s": 1.2e-3, "captured": True},
              "transfer": {"error": "no --db given"},
@@ -109,3 +122,9 @@ def test_report_ratios_and_geomeans() -> None:
     assert "default 1.5 s, max-autotune 9.0 s" in text
     assert "| 1.2000 (1.20) | 1.0000 (1.00) | 1.20 | 1.5, 9.0 | seeded 1+local, 8 cands" in text
     assert "no --db given" in text and "## SpMM" not in text
+    assert "moving more than L2 (1): tuned / bound geomean 1.000; slowest against max-autotune 1.20" in text
+    small = dict(dense, size="4x4", bytes=1e6, transfer={"s": 1.1e-3, "wall_s": 0.5},
+                 head_to_head={"tuned_s": 1e-3, "transfer_s": 1.04e-3, "same_recipe": True})
+    text = markdown(meta, [dense, small])
+    assert "moving more than L2 (1)" in text and "within 5% of tuned (side by side) in 1 of 1 cases" in text
+    assert "under 1 s in 1 of 1" in text and "0.91 of tuned; side by side 0.96, same recipe |" in text
