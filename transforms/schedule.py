@@ -15,7 +15,8 @@ when set, a one-nest group keeps only its outer ``row_depth`` row dims and strid
 (cuda) ``row_mode``: when set, row groups run as row kernels (``transforms.codegen.cuda_rows``), and (cuda)
 ``stage``: (tile, elements per thread), when set, strided pointwise nests go through shared-memory tiles
 (``transforms.codegen.cuda_stage``), (cuda) ``chunk``: the nonzeros per chunk of ``sparse(merge,C,V)``, and (cuda)
-``persist``: blocks per multiprocessor of a persistent row kernel, 0: one block per row group (``steps.persist``).
+``persist``: blocks per multiprocessor of a persistent row kernel, 0: one block per row group (``steps.persist``),
+and (cuda) ``stream``: streaming cache hints on row kernels' once-touched data (``steps.cache_hint``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Schedule:
     chunk: int = 0  # (cuda) nonzeros per chunk under sparse(merge,C,V): transforms.codegen.cuda_spmm
     stage: tuple[int, int] = (0, 0)  # (cuda) (tile, elements per thread) of staged nests; 0: off (steps.stage)
     persist: int = 0  # (cuda) blocks per SM of a persistent row kernel; 0: off (steps.persist)
+    stream: bool = False  # (cuda) evict-first loads / stores of row kernels' once-touched data (steps.cache_hint)
 
     def set(self, **knobs: object) -> Schedule:
         return replace(self, **knobs)  # type: ignore[arg-type]

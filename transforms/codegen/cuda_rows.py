@@ -39,6 +39,7 @@ from embed.loopnest import (
     Acc,
     Access,
     Affine,
+    Buffer,
     BufferKind,
     Call,
     Combiner,
@@ -77,6 +78,11 @@ class RowPlan:
     staged: dict[str, int] = field(default_factory=dict)  # shared mode: input -> byte offset of its copies
     split: int = 1  # blocks sharing each row (``cuda_split``): block ``k_split`` walks its own ``chunks`` chunks
     persist: int = 0  # blocks per SM of a persistent grid looping over the rows (``persist``); 0: a block per rows
+    stream: bool = False  # evict-first loads and stores of buffers larger than a row (``cache_hint``)
+
+    def streamed(self, buffer: Buffer) -> bool:
+        """Whether ``buffer``'s words travel with streaming cache hints: data larger than one row."""
+        return self.stream and buffer.numel > self.n
 
     @property
     def threads(self) -> int:
@@ -167,7 +173,7 @@ def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | N
     registers = schedule.row_mode == "registers" and chunks * v <= MAX_REGISTER_ELEMS
     pairs = {} if registers or schedule.row_mode == "stream" else one_pass_pairs(rg.members, n)
     plan = RowPlan(rg, n, lanes, per_block, v, chunks, registers, pairs, kept_buffers(rg, registers),
-                   persist=schedule.persist)
+                   persist=schedule.persist, stream=schedule.stream)
     if schedule.row_mode in ("registers", "shared") and not registers:
         plan.staged = _staged(plan)
     return plan
@@ -386,12 +392,13 @@ class RowEmitter:
         if not self.plan.registers:
             return []
         pieces, loads = [], []
-        for k, (ptr, nwords, inside) in enumerate(self.row_inputs(env, frame).values()):
+        for k, ((tensor, _), (ptr, nwords, inside)) in enumerate(self.row_inputs(env, frame).items()):
             ctype, _, per = _piece(nwords)
             words = []
             for i in range(nwords // per):
                 pieces.append((f"kf{k}_{i}", ctype))
-                words.append(f"kf{k}_{i} = *(const {ctype}*)((const char*)({ptr}) + {4 * per * i});")
+                address = f"(const {ctype}*)((const char*)({ptr}) + {4 * per * i})"
+                words.append(f"kf{k}_{i} = {_read(address, self.plan.streamed(self.buffers[tensor]))};")
             loads.append((" && ".join(c for c in (valid, inside) if c), " ".join(words)))
         if declare and pieces:
             self.line(" ".join(f"{ctype} {name}{{}};" for name, ctype in pieces))
@@ -539,7 +546,7 @@ class RowEmitter:
         if vectorizable(write, buf.shape, buf.dtype, self.inner, plan.vector):
             ptr = f"{self.p.names[write.tensor]} + {self.p.offset(write.tensor, write.index, env, ext)}"
             words = [self.pack(buf.dtype, names, w) for w in range(len(names) * _VECTOR_DTYPES[buf.dtype] // 4)]
-            for text in store_words(ptr, words):
+            for text in store_words(ptr, words, plan.streamed(buf)):
                 self.guarded(text, "valid")
             return
         for j, name in enumerate(names):
@@ -708,9 +715,10 @@ class RowEmitter:
         if vectorizable(access, buf.shape, buf.dtype, self.inner, plan.vector):
             ptr = f"{self.p.names[access.tensor]} + {key[1]}"
             copy = self.shared_copy(access)
+            shared = access.tensor in self.fetched
             loads, words = ([], self.ready[key]) if key in self.ready else load_words(
-                copy if access.tensor in self.fetched else ptr, plan.vector * _VECTOR_DTYPES[buf.dtype] // 4,
-                f"{name}w")
+                copy if shared else ptr, plan.vector * _VECTOR_DTYPES[buf.dtype] // 4, f"{name}w",
+                plan.streamed(buf) and not shared)
             if copy and access.tensor not in self.fetched:
                 loads += store_words(copy, words)
                 self.fetching.add(access.tensor)
@@ -759,22 +767,29 @@ def _piece(nwords: int) -> tuple[str, str, int]:
     return ctype, fields, per
 
 
-def load_words(ptr: str, nwords: int, name: str) -> tuple[list[str], list[str]]:
-    """Statements loading ``nwords`` 32-bit words at ``ptr`` (aligned) into ``name<i>``, and the word expressions."""
+def _read(address: str, stream: bool) -> str:
+    """The value at the typed pointer ``address``, with an evict-first hint if ``stream``."""
+    return f"__ldcs({address})" if stream else f"*{address}"
+
+
+def load_words(ptr: str, nwords: int, name: str, stream: bool = False) -> tuple[list[str], list[str]]:
+    """Statements loading ``nwords`` 32-bit words at ``ptr`` (aligned) into ``name<i>`` (evict-first if
+    ``stream``), and the word expressions."""
     ctype, fields, per = _piece(nwords)
     lines, words = [], []
     for i in range(0, nwords, per):
         piece = f"{name}_{i // per}"
-        lines.append(f"const {ctype} {piece} = *(const {ctype}*)((const char*)({ptr}) + {4 * i});")
+        lines.append(f"const {ctype} {piece} = {_read(f'(const {ctype}*)((const char*)({ptr}) + {4 * i})', stream)};")
         words += [f"{piece}.{f}" for f in fields] if fields else [piece]
     return lines, words
 
 
-def store_words(ptr: str, words: list[str]) -> list[str]:
-    """Statements storing the 32-bit ``words`` at ``ptr`` (aligned)."""
+def store_words(ptr: str, words: list[str], stream: bool = False) -> list[str]:
+    """Statements storing the 32-bit ``words`` at ``ptr`` (aligned; evict-first if ``stream``)."""
     ctype, _, per = _piece(len(words))
     out = []
     for i in range(0, len(words), per):
         value = words[i] if per == 1 else f"make_{ctype}({', '.join(words[i: i + per])})"
-        out.append(f"*({ctype}*)((char*)({ptr}) + {4 * i}) = {value};")
+        address = f"({ctype}*)((char*)({ptr}) + {4 * i})"
+        out.append(f"__stcs({address}, {value});" if stream else f"*{address} = {value};")
     return out
