@@ -17,7 +17,8 @@ Inductor start-up is paid once beforehand and reported apart) and no CUDA graphs
 
 tunebank tuned best: the default recipe, then either ``--budget`` random recipes (exhaustive when the space has at
 most ``--exhaustive-up-to`` recipes), or, for a case that ``--prior`` (a gpu_transforms / gpu_table JSON) has a
-best recipe for, that recipe re-timed plus ``--budget`` local mutations of the best. SpMM graphs: the first is
+best recipe for, that recipe re-timed (with each value of every knob it does not set: ``with_new_knobs``) plus
+``--budget`` local mutations of the best. SpMM graphs: the first is
 searched at random with ``--spmm-budget`` recipes, each later one starts from the default, the best recipes of
 the graphs before it (and the graph's own from ``--prior``) and ``--spmm-budget`` local mutations.
 
@@ -53,7 +54,7 @@ from bench.gpu_table_report import markdown
 from bench.gpu_transforms import Case, cases, copy_bandwidth, matmul_rate
 from bench.spmm_graphs import SpmmCase, spmm_cases, spmm_task
 from embed.ir import Graph
-from transforms.recipe import parse
+from transforms.recipe import Recipe, parse
 from transforms.run import Worker
 from transforms.search import create
 from transforms.search.strategy import Evaluate, search
@@ -111,6 +112,16 @@ def prior_recipes(path: Path | None) -> dict[tuple[str, str], str]:
     rows = json.loads(path.read_text())["rows"]
     best = {(r["family"], r["size"]): r.get("best_recipe") or r.get("tunebank", {}).get("best_recipe") for r in rows}
     return {key: recipe for key, recipe in best.items() if recipe}
+
+
+def with_new_knobs(recipe: str, space: RecipeSpace) -> list[str]:
+    """``recipe`` and, for each knob of ``space`` that it does not set (one added after it was found), a copy
+    with each of that knob's values."""
+    base = parse(recipe)
+    named = {step.name for step in base.steps}
+    variants = [Recipe((*base.steps, choice)) for options in space.dims for choice in options
+                if choice.name not in named]
+    return [recipe, *(str(v) for v in variants)]
 
 
 def tune(task: Task, evaluate: Evaluate, *, budget: int, exhaustive_up_to: int = 0, seeds: Sequence[str] = (),
@@ -184,8 +195,9 @@ def dense_row(case: Case, bench: Bench) -> dict[str, Any]:
     for mode in _names(args.modes):
         row[f"compile {mode}"] = tb.compiled(case.graph, inputs, mode, args.repeats)
     prior = bench.prior.get((case.family, case.size))
+    seeds = with_new_knobs(prior, RecipeSpace(task.program, "cuda")) if prior else []
     row["tunebank"] = tune(task, bench.evaluate(task), budget=args.budget, exhaustive_up_to=args.exhaustive_up_to,
-                           seeds=[prior] if prior else [])
+                           seeds=seeds)
     if bench.database is None:
         row["transfer"] = {"error": "no --db given"}
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_table import SPMM, head_to_head, parse_args, prior_recipes, selected, transfer, tune
+from bench.gpu_table import SPMM, head_to_head, parse_args, prior_recipes, selected, transfer, tune, with_new_knobs
 from bench.gpu_table_report import markdown
 from bench.gpu_transforms import layernorm
 from bench.spmm_graphs import powerlaw, spmm_task
@@ -18,7 +18,7 @@ from embed.partition import partition
 from service.crawl import crawl
 from tests.service.conftest import TINY_MODELS, synthetic_measurer
 from transforms.run import Worker
-from transforms.space import default_recipe
+from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import evaluator, make_task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +74,16 @@ def test_transfer_from_a_crawled_database(tmp_path: Path) -> None:
     assert "error" not in result, result
     assert result["subgraphs"] == 1 and result["evaluations"] >= 1 and result["s"] > 0 and result["wall_s"] > 0
     assert 1 <= len(result["neighbours"][0]) <= 2
+
+
+def test_a_prior_recipe_is_retried_with_the_knobs_it_predates() -> None:
+    space = RecipeSpace(make_task(layernorm(64, 768).graph).program, "cuda")
+    old = "fuse(all);reduce(block);row_mode(registers);threads(256);vectorize(8);persist(0)"
+    seeds = with_new_knobs(old, space)
+    assert seeds[0] == old and {s.removeprefix(old + ";") for s in seeds[1:]} >= {"cache_hint(none)",
+                                                                                 "cache_hint(stream)"}
+    assert not any("persist(2)" in s for s in seeds) and with_new_knobs(str(space.default), space) == \
+        [str(space.default)]
 
 
 def test_head_to_head_times_both_winners_in_one_call(tmp_path: Path) -> None:
