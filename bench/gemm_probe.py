@@ -23,7 +23,7 @@ from transforms.codegen import generate
 from transforms.contraction import LT_ALGOS
 from transforms.eager_cuda import graph_replay_seconds
 from transforms.recipe import parse
-from transforms.run import Launch, to_float
+from transforms.run import Launch, Problem, to_float
 from transforms.transformation import apply_recipe
 from transforms.tune import make_task
 from transforms.worker import CudaBackend, check, host_arrays
@@ -55,6 +55,22 @@ def timed(artifact: str, launches: list[Launch], inputs: dict[str, np.ndarray], 
         return {"failed": f"{type(e).__name__}: {e}"[:200]}
 
 
+def timed_with_parts(artifact: str, launches: list[Launch], problem: Problem, repeats: int) -> dict[str, Any]:
+    """:func:`timed` against the problem's reference and, for several launches, each launch alone ("parts")."""
+    inputs = dict(problem.inputs)
+    row = timed(artifact, launches, inputs, repeats, dict(problem.reference), problem.tolerances(launches))
+    if len(launches) > 1 and "failed" not in row:
+        row["parts"] = [timed(artifact, [launch], inputs, repeats).get("s") for launch in launches]
+    return row
+
+
+def cells(row: dict[str, Any]) -> tuple[str, str]:
+    """The markdown cells "parts (ms)" and "max rel err" of a timed row."""
+    parts = ", ".join(f"{p * 1e3:.4f}" if p else "-" for p in row.get("parts", []))
+    wrong = f" ({row['wrong'][:60]})" if row.get("wrong") else ""
+    return parts, f"{row.get('error', 0):.2g}{wrong}"
+
+
 def torch_rows(m: int, k: int, n: int, dtype: str, repeats: int) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
@@ -82,12 +98,8 @@ def probe(case: Case, recipes: list[str], repeats: int, cache: Path) -> list[dic
         if not built[recipe].ok:
             rows.append({"recipe": recipe, "failed": built[recipe].error[:200]})
             continue
-        artifact, inputs, launches = built[recipe].artifact, dict(problem.inputs), list(kernel.launches)
-        row = {"recipe": recipe, **timed(artifact, launches, inputs, repeats, dict(problem.reference),
-                                         problem.tolerances(launches))}
-        if len(launches) > 1 and "failed" not in row:
-            row["parts"] = [timed(artifact, [launch], inputs, repeats).get("s") for launch in launches]
-        rows.append(row)
+        rows.append({"recipe": recipe, **timed_with_parts(built[recipe].artifact, list(kernel.launches), problem,
+                                                          repeats)})
     return rows
 
 
@@ -100,10 +112,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
             if "failed" in row:
                 lines.append(f"| {r['case']} | `{row['recipe']}` | failed: {row['failed'][:90]} | | |")
                 continue
-            parts = ", ".join(f"{p * 1e3:.4f}" if p else "-" for p in row.get("parts", []))
-            wrong = f" ({row['wrong'][:60]})" if row.get("wrong") else ""
-            lines.append(f"| {r['case']} | `{row['recipe']}` | {row['s'] * 1e3:.4f} | {parts} | "
-                         f"{row.get('error', 0):.2g}{wrong} |")
+            parts, error = cells(row)
+            lines.append(f"| {r['case']} | `{row['recipe']}` | {row['s'] * 1e3:.4f} | {parts} | {error} |")
     return "\n".join(lines) + "\n"
 
 

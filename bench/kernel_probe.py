@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.gemm_probe import timed
+from bench.gemm_probe import cells, timed_with_parts
 from bench.gpu_transforms import Case, bias_gelu, cross_entropy, layernorm, softmax
 from transforms.build import Source, build
 from transforms.codegen import generate
@@ -98,14 +98,9 @@ def probe(case: Case, recipe: str, variants: list[tuple[str, ...]], repeats: int
         if not built.ok:
             rows.append(row | {"failed": built.error[:300]})
             continue
-        launches, problem = list(kernel.launches), task.problem
-        row |= timed(built.artifact, launches, dict(problem.inputs), repeats, dict(problem.reference),
-                     problem.tolerances(launches))
+        row |= timed_with_parts(built.artifact, list(kernel.launches), task.problem, repeats)
         if "s" in row:
             row["x_bound"] = row["s"] / bound
-        if len(launches) > 1 and "failed" not in row:
-            row["parts"] = [timed(built.artifact, [launch], dict(problem.inputs), repeats).get("s")
-                            for launch in launches]
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -117,11 +112,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         if "failed" in r:
             lines.append(f"| {r['case']} | {r['variant']} | failed: {r['failed'][:100]} | | | |")
             continue
-        parts = ", ".join(f"{p * 1e3:.4f}" if p else "-" for p in r.get("parts", []))
-        wrong = f" ({r['wrong'][:50]})" if r.get("wrong") else ""
+        parts, error = cells(r)
         unchanged = "" if r["changed"] else " (rewrite matched nothing)"
         lines.append(f"| {r['case']} | {r['variant']}{unchanged} | {r['s'] * 1e3:.4f} | {r['x_bound']:.2f} | "
-                     f"{parts} | {r.get('error', 0):.2g}{wrong} |")
+                     f"{parts} | {error} |")
     return "\n".join(lines) + "\n"
 
 
