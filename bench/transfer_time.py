@@ -4,11 +4,13 @@ database that never saw its shape, with its wall time split into phases (from a 
     python -m bench.transfer_time --db /tmp/h200.db --out DIR [--only softmax,layernorm] [--passes 2]
 
 Phases (cumulative seconds of the functions that do them; the rest is "other"): ``encoder`` (fit the encoder,
-embed the database, open the index), ``problem`` (random inputs and the reference outputs), ``codegen``
-(recipes to CUDA sources), ``compile`` (NVRTC, disk cache), ``run`` (the worker: load the problem, upload,
-launch, validate, time), ``neighbours`` (index search and adaptation). Pass 2 repeats every case with the same
-compile cache but nothing else remembered (what a second model with the same kernels pays). Writes
-``transfer_time.md`` / ``.json`` under ``--out``.
+embed the database, open the index), ``problem`` (the task's validation problem: on cuda its spec and tolerances),
+``codegen`` (recipes to CUDA sources), ``compile`` (NVRTC, disk cache), ``run`` (the worker: build the problem's
+random inputs and reference outputs on the GPU from the spec, launch, validate, time), ``neighbours`` (index
+search and adaptation); ``--worker-profile`` splits the worker's time (``LoadedProblem.open`` builds the
+problem). Pass 2 repeats every case with the same compile cache but nothing else remembered (what a second model
+with the same kernels pays). ``failed``: evaluations that did not validate (or run). Writes ``transfer_time.md`` /
+``.json`` under ``--out``.
 """
 
 import argparse
@@ -89,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 split = phases(profile)
                 row = {"pass": pass_, "family": case.family, "size": case.size, "wall_s": wall,
                        "subgraphs": len(found), "evaluations": sum(f.result.evaluations for f in found),
+                       "failed": sum(not t.result.ok for f in found for t in f.result.tried),
                        "phases_s": split, "other_s": wall - sum(split.values())}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -116,12 +119,12 @@ def _device() -> str:
 
 
 def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    head = ["pass", "family", "size", "wall s", "per subgraph s", "evaluations", *PHASES, "other"]
+    head = ["pass", "family", "size", "wall s", "per subgraph s", "evaluations", "failed", *PHASES, "other"]
     lines = [f"# Transfer tuning time per case\n\nDevice: {meta['device']}, {meta['date']}. "
              f"Arguments: `{meta['args']}`.\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["pass"], r["family"], r["size"], f"{r['wall_s']:.2f}", f"{r['wall_s'] / max(r['subgraphs'], 1):.2f}",
-                 r["evaluations"], *(f"{r['phases_s'][p]:.2f}" for p in PHASES), f"{r['other_s']:.2f}"]
+                 r["evaluations"], r["failed"], *(f"{r['phases_s'][p]:.2f}" for p in PHASES), f"{r['other_s']:.2f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

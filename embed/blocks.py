@@ -8,6 +8,7 @@ independent of the thread count.
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +25,11 @@ def blockwise(size: int, work: Callable[[int, int], None]) -> None:
         list(pool.map(lambda lo: work(lo, min(lo + BLOCK, size)), starts))
 
 
-def converted(array: np.ndarray, convert: Callable[[np.ndarray], np.ndarray], dtype: object) -> np.ndarray:
-    """``convert(array)`` computed block by block into a new array of ``dtype`` (``convert`` must be elementwise)."""
+def converted(array: Any, convert: Callable[[Any], Any], dtype: object, xp: Any = np) -> Any:
+    """``convert(array)`` computed into a new array of ``dtype`` (``convert`` must be elementwise): block by block on
+    threads for NumPy; at once on the device for another array module ``xp`` (CuPy)."""
+    if xp is not np:
+        return xp.ascontiguousarray(convert(array), dtype=dtype)
     flat = np.ascontiguousarray(array).reshape(-1)
     out = np.empty(flat.size, dtype)
 

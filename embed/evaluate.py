@@ -2,22 +2,27 @@
 
 Floating-point buffers are computed in float64 whatever their declared dtype (or float32 when asked: what
 checking low-precision outputs needs, at half the cost); integer buffers stay int64 and bool buffers bool.
-Evaluation is vectorised: each nest is a grid with one numpy axis per dimension, every value is an array that is
+Evaluation is vectorised: each nest is a grid with one array axis per dimension, every value is an array that is
 size 1 along the dims it does not depend on, loads are strided views (affine; a padded access views a padded copy)
-or gathers (indirect, ragged), reductions are ufunc reductions over the reduction axes, and ``sum(a * b)`` is one
-batched ``np.matmul`` (BLAS), so a matmul never materialises its M x N x K grid. A ragged dimension spans the
+or gathers (indirect, ragged), reductions are array reductions over the reduction axes, and ``sum(a * b)`` is one
+batched ``matmul`` (BLAS), so a matmul never materialises its M x N x K grid. A ragged dimension spans the
 longest range and is masked to each row's own range. A large nest runs in chunks of its outermost parallel dim
-(disjoint rows), on threads.
+(disjoint rows), on threads with NumPy, one after the other on a GPU.
+
+The array module ``xp`` is NumPy (special functions from SciPy) or CuPy (from ``cupyx.scipy.special``): the same
+code evaluates on the host or on the GPU.
 """
 
+import functools
+import importlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
-from scipy import special
 
 from embed.errors import EmbedError
 from embed.ir import DType
@@ -47,33 +52,40 @@ class EvaluationError(EmbedError):
 _SQRT1_2 = math.sqrt(0.5)
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 
-_OPS = {
-    "neg": np.negative,
-    "exp": np.exp,
-    "log": np.log,
-    "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "relu": lambda x: np.maximum(x, 0),
-    "sigmoid": special.expit,
-    "tanh": np.tanh,
-    "silu": lambda x: x * special.expit(x),
-    "abs": np.abs,
-    "reciprocal": lambda x: 1.0 / x,
-    "erf": special.erf,
-    "cos": np.cos,
-    "sin": np.sin,
-    "gelu": lambda x: 0.5 * x * (1.0 + special.erf(x * _SQRT1_2)),
-    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(_SQRT_2_PI * (x + 0.044715 * x * x * x))),
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.true_divide,
-    "pow": np.power,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "where": lambda c, a, b: np.where(c.astype(bool), a, b),
-}
-_UFUNC = {Combiner.SUM: np.add, Combiner.MAX: np.maximum, Combiner.MIN: np.minimum}
+
+@functools.cache
+def _operations(xp: Any) -> dict[str, Callable[..., Any]]:
+    """The element-wise ops of ``Call`` nodes in array module ``xp`` (NumPy or CuPy)."""
+    special = importlib.import_module("scipy.special" if xp is np else "cupyx.scipy.special")
+    return {
+        "neg": xp.negative,
+        "exp": xp.exp,
+        "log": xp.log,
+        "sqrt": xp.sqrt,
+        "rsqrt": lambda x: 1.0 / xp.sqrt(x),
+        "relu": lambda x: xp.maximum(x, 0),
+        "sigmoid": special.expit,
+        "tanh": xp.tanh,
+        "silu": lambda x: x * special.expit(x),
+        "abs": xp.abs,
+        "reciprocal": lambda x: 1.0 / x,
+        "erf": special.erf,
+        "cos": xp.cos,
+        "sin": xp.sin,
+        "gelu": lambda x: 0.5 * x * (1.0 + special.erf(x * _SQRT1_2)),
+        "gelu_tanh": lambda x: 0.5 * x * (1.0 + xp.tanh(_SQRT_2_PI * (x + 0.044715 * x * x * x))),
+        "add": xp.add,
+        "sub": xp.subtract,
+        "mul": xp.multiply,
+        "div": xp.true_divide,
+        "pow": xp.power,
+        "maximum": xp.maximum,
+        "minimum": xp.minimum,
+        "where": lambda c, a, b: xp.where(c.astype(bool), a, b),
+    }
+
+
+_REDUCE = {Combiner.SUM: "sum", Combiner.MAX: "max", Combiner.MIN: "min"}  # array-module function names
 _CHUNK = 1 << 23  # elements (64 MiB of float64) a nest evaluates at once, split along its outermost dim
 
 
@@ -84,34 +96,36 @@ def numpy_dtype(dtype: DType, float_dtype: type[np.floating] = np.float64) -> ty
     return np.bool_ if dtype == DType.BOOL else np.int64
 
 
-def evaluate(program: LoopProgram, inputs: Mapping[str, np.ndarray],
-             float_dtype: type[np.floating] = np.float64) -> dict[str, np.ndarray]:
+def evaluate(program: LoopProgram, inputs: Mapping[str, Any], float_dtype: type[np.floating] = np.float64,
+             xp: Any = np) -> dict[str, Any]:
     """Run ``program`` on ``inputs`` (name -> array of the buffer's shape) and return its outputs, floats
-    computed in ``float_dtype`` (float64 or float32)."""
-    env: dict[str, np.ndarray] = {}
+    computed in ``float_dtype`` (float64 or float32); inputs and outputs are arrays of ``xp`` (NumPy, or CuPy to
+    evaluate on the GPU)."""
+    env: dict[str, Any] = {}
     for buf in program.buffers.values():
         dtype = numpy_dtype(buf.dtype, float_dtype)
         if buf.kind in (BufferKind.INPUT, BufferKind.PARAM):
             if buf.name not in inputs:
                 raise EvaluationError(f"missing input {buf.name!r} (expected shape {list(buf.shape)})")
-            arr = np.asarray(inputs[buf.name])
+            arr = xp.asarray(inputs[buf.name])
             if arr.shape != buf.shape:
                 raise EvaluationError(f"input {buf.name!r} has shape {list(arr.shape)}, expected {list(buf.shape)}")
-            env[buf.name] = np.ascontiguousarray(arr, dtype=dtype)
+            env[buf.name] = xp.ascontiguousarray(arr, dtype=dtype)
         elif buf.kind == BufferKind.CONST:
-            env[buf.name] = np.asarray(buf.value, dtype=np.float64).astype(dtype).reshape(buf.shape)
+            env[buf.name] = xp.asarray(np.asarray(buf.value, dtype=np.float64).astype(dtype).reshape(buf.shape))
         else:
-            env[buf.name] = np.full(buf.shape, np.nan, dtype) if dtype is float_dtype else np.zeros(buf.shape, dtype)
+            env[buf.name] = xp.full(buf.shape, np.nan, dtype) if dtype is float_dtype else xp.zeros(buf.shape, dtype)
     for nest in program.nests:
-        pad_cache: dict[tuple, np.ndarray] = {}
+        pad_cache: dict[tuple, Any] = {}
 
-        def run(rows: range | None, nest: LoopNest = nest, pad_cache: dict[tuple, np.ndarray] = pad_cache) -> None:
+        def run(rows: range | None, nest: LoopNest = nest, pad_cache: dict[tuple, Any] = pad_cache) -> None:
             with np.errstate(all="ignore"):  # per thread
-                _NestEval(nest, env, pad_cache, rows).run()
+                _NestEval(nest, env, pad_cache, rows, xp).run()
 
         chunks = _row_chunks(nest)
-        if len(chunks) == 1:
-            run(chunks[0])
+        if len(chunks) == 1 or xp is not np:
+            for rows in chunks:  # one GPU runs the chunks' kernels in turn
+                run(rows)
             continue
         with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
             list(pool.map(run, chunks))  # disjoint rows of the same buffers; NumPy releases the GIL in its loops
@@ -136,7 +150,7 @@ def _row_chunks(nest: LoopNest) -> list[range | None]:
     return [range(lo, min(lo + step, extent)) for lo in range(0, extent, step)]
 
 
-def _along(values: np.ndarray, axis: int, nd: int) -> np.ndarray:
+def _along(values: Any, axis: int, nd: int) -> Any:
     return values.reshape([-1 if k == axis else 1 for k in range(nd)])
 
 
@@ -144,9 +158,9 @@ class _NestEval:
     """One nest on a grid with one axis per dimension (outer -> inner); ``rows`` limits the outermost."""
 
     def __init__(
-        self, nest: LoopNest, env: dict[str, np.ndarray], pad_cache: dict[tuple, np.ndarray], rows: range | None
+        self, nest: LoopNest, env: dict[str, Any], pad_cache: dict[tuple, Any], rows: range | None, xp: Any
     ) -> None:
-        self.nest, self.env, self.pad_cache = nest, env, pad_cache
+        self.nest, self.env, self.pad_cache, self.xp = nest, env, pad_cache, xp
         self.nd = len(nest.dims)
         self.axis = {d.name: k for k, d in enumerate(nest.dims)}
         self.dense = {d.name for d in nest.dims if d.ragged is None}
@@ -154,21 +168,22 @@ class _NestEval:
         self.first = [0] * self.nd
         if rows is not None:
             self.first[0], self.shape[0] = rows.start, len(rows)
-        self.values: dict[str, np.ndarray] = {}
-        self.mask: np.ndarray | None = None
-        self.memo: dict[Expr, np.ndarray] = {}
-        self.acc: np.ndarray | None = None
+        self.values: dict[str, Any] = {}
+        self.mask: Any = None
+        self.memo: dict[Expr, Any] = {}
+        self.acc: Any = None
         for k, d in enumerate(nest.dims):
             if d.ragged is None:
-                self.values[d.name] = _along(np.arange(self.first[k], self.first[k] + self.shape[k]), k, self.nd)
+                self.values[d.name] = _along(xp.arange(self.first[k], self.first[k] + self.shape[k]), k, self.nd)
                 continue
             start, stop = self.index(d.ragged.start), self.index(d.ragged.stop)
-            if (stop < start).any():
+            span = stop - start
+            if (span < 0).any():
                 raise EvaluationError(f"ragged range of {d.name} in {nest.op} ends before it starts (bad indptr?)")
-            self.shape[k] = int((stop - start).max(initial=0))
-            offset = _along(np.arange(self.shape[k]), k, self.nd)
+            self.shape[k] = int(span.max()) if span.size else 0
+            offset = _along(xp.arange(self.shape[k]), k, self.nd)
             self.values[d.name] = start + offset
-            inside = offset < stop - start
+            inside = offset < span
             self.mask = inside if self.mask is None else self.mask & inside
         self.empty = math.prod(self.shape) == 0
 
@@ -187,8 +202,8 @@ class _NestEval:
 
     # -- index expressions -------------------------------------------------------------------
 
-    def index(self, expr: Affine) -> np.ndarray:
-        out = np.full((1,) * self.nd, expr.const, dtype=np.int64)
+    def index(self, expr: Affine) -> Any:
+        out = self.xp.full((1,) * self.nd, expr.const, dtype=np.int64)
         for atom, coef in expr.terms:
             if isinstance(atom, str):
                 value = self.values[atom]
@@ -206,12 +221,12 @@ class _NestEval:
 
     # -- loads and stores --------------------------------------------------------------------
 
-    def gather(self, tensor: str, index: list[np.ndarray], fill: float | None) -> np.ndarray:
-        arr = self.env[tensor]
+    def gather(self, tensor: str, index: list[Any], fill: float | None) -> Any:
+        xp, arr = self.xp, self.env[tensor]
         if not index:
             return arr.reshape((1,) * self.nd)
-        index = np.broadcast_arrays(*index)
-        inside = np.ones(index[0].shape, dtype=bool)
+        index = xp.broadcast_arrays(*index)
+        inside = xp.ones(index[0].shape, dtype=bool)
         for i, n in zip(index, arr.shape, strict=True):
             inside &= (i >= 0) & (i < n)
         if fill is None:
@@ -219,11 +234,11 @@ class _NestEval:
             if bad.any():
                 raise EvaluationError(f"index out of range reading {tensor!r} of shape {list(arr.shape)}")
         if arr.size == 0:
-            return np.full(inside.shape, np.nan if fill is None else fill)
-        values = arr[tuple(np.clip(i, 0, n - 1) for i, n in zip(index, arr.shape, strict=True))]
-        return values if fill is None else np.where(inside, values, fill)
+            return xp.full(inside.shape, np.nan if fill is None else fill)
+        values = arr[tuple(xp.clip(i, 0, n - 1) for i, n in zip(index, arr.shape, strict=True))]
+        return values if fill is None else xp.where(inside, values, fill)
 
-    def strided(self, access: Access, writeable: bool = False) -> np.ndarray | None:
+    def strided(self, access: Access, writeable: bool = False) -> Any:
         """A zero-copy view of an affine access over the grid, or None if it is not one.
 
         A padded access (``fill``) views a copy of the tensor padded with ``fill`` as far as the grid reaches.
@@ -247,7 +262,9 @@ class _NestEval:
         if min(strides, default=0) < 0:
             return None
         base = arr.reshape(-1)[offset // max(arr.itemsize, 1):]
-        return as_strided(base, shape, strides, writeable=writeable)
+        if self.xp is np:
+            return as_strided(base, shape, strides, writeable=writeable)
+        return self.xp.lib.stride_tricks.as_strided(base, shape, strides)  # CuPy's views are always writeable
 
     def range(self, expr: Affine) -> tuple[int, int]:
         """Inclusive [min, max] of an affine index over this grid."""
@@ -258,29 +275,29 @@ class _NestEval:
             lo, hi = lo + min(ends), hi + max(ends)
         return lo, hi
 
-    def padded(self, tensor: str, pads: tuple[tuple[int, int], ...], fill: float) -> np.ndarray:
+    def padded(self, tensor: str, pads: tuple[tuple[int, int], ...], fill: float) -> Any:
         key = (tensor, pads, fill)
         if key not in self.pad_cache:
-            self.pad_cache[key] = np.pad(self.env[tensor], pads, constant_values=fill)
+            self.pad_cache[key] = self.xp.pad(self.env[tensor], pads, constant_values=fill)
         return self.pad_cache[key]
 
-    def load(self, access: Access) -> np.ndarray:
+    def load(self, access: Access) -> Any:
         view = self.strided(access)
         if view is not None:
             return view
         return self.gather(access.tensor, [self.index(e) for e in access.index], access.fill)
 
-    def write(self, access: Access, value: np.ndarray) -> None:
+    def write(self, access: Access, value: Any) -> None:
         view = self.strided(access, writeable=True)
         if view is not None:
             view[...] = value
             return
-        *index, value = np.broadcast_arrays(*[self.index(e) for e in access.index], value)
+        *index, value = self.xp.broadcast_arrays(*[self.index(e) for e in access.index], value)
         self.env[access.tensor][tuple(index)] = value
 
     # -- compute -----------------------------------------------------------------------------
 
-    def expr(self, expr: Expr) -> np.ndarray:
+    def expr(self, expr: Expr) -> Any:
         if isinstance(expr, Acc):
             assert self.acc is not None
             return self.acc
@@ -290,49 +307,52 @@ class _NestEval:
         if isinstance(expr, Load):
             value = self.load(expr.access)
         elif isinstance(expr, Const):
-            value = np.full((1,) * self.nd, expr.value)
+            value = self.xp.full((1,) * self.nd, expr.value)
         elif isinstance(expr, Call):
-            value = np.asarray(_OPS[expr.op](*(self.expr(a) for a in expr.args)))
+            value = self.xp.asarray(_operations(self.xp)[expr.op](*(self.expr(a) for a in expr.args)))
         else:
-            value = _cast(self.expr(expr.arg), expr.dtype)
+            value = _cast(self.expr(expr.arg), expr.dtype, self.xp)
         if not _has_acc(expr):
             self.memo[expr] = value
         return value
 
-    def reduce(self, body: Expr, combiner: Combiner) -> np.ndarray:
+    def reduce(self, body: Expr, combiner: Combiner) -> Any:
+        xp = self.xp
         red = tuple(k for k, d in enumerate(self.nest.dims) if d.kind == DimKind.REDUCTION)
         if combiner == Combiner.SUM and isinstance(body, Call) and body.op == "mul":
             return self.contract(body, red)
         value = self.expr(body)
         full = [self.shape[k] if k in red else n for k, n in enumerate(value.shape)]
-        value = np.broadcast_to(value, full)
+        value = xp.broadcast_to(value, full)
         if self.mask is not None:
-            value = np.where(self.mask, value, combiner.identity)
+            value = xp.where(self.mask, value, combiner.identity)
         if value.size == 0:
-            return np.full([1 if k in red else n for k, n in enumerate(value.shape)], combiner.identity)
-        return _UFUNC[combiner].reduce(value, axis=red, keepdims=True)
+            return xp.full([1 if k in red else n for k, n in enumerate(value.shape)], combiner.identity)
+        return getattr(xp, _REDUCE[combiner])(value, axis=red, keepdims=True)
 
-    def contract(self, body: Call, red: tuple[int, ...]) -> np.ndarray:
+    def contract(self, body: Call, red: tuple[int, ...]) -> Any:
         """``sum over red of a * b`` as one batched matmul over the axes each operand really has."""
+        xp = self.xp
         a, b = (self.expr(x) for x in body.args)
         if self.mask is not None:
-            a, b = np.where(self.mask, a, 0), np.where(self.mask, b, 0)
+            a, b = xp.where(self.mask, a, 0), xp.where(self.mask, b, 0)
         has_a = {k for k in range(self.nd) if a.shape[k] != 1}
         has_b = {k for k in range(self.nd) if b.shape[k] != 1}
         absent = math.prod(self.shape[k] for k in red if k not in has_a | has_b)
         own_a, own_b = tuple(sorted(has_a - has_b & set(red))), tuple(sorted(has_b - has_a & set(red)))
-        a, b = a.sum(axis=own_a, keepdims=True), b.sum(axis=own_b, keepdims=True)
+        a = a.sum(axis=own_a, keepdims=True) if own_a else a
+        b = b.sum(axis=own_b, keepdims=True) if own_b else b
         both = sorted(has_a & has_b)
         batch, inner = [k for k in both if k not in red], [k for k in both if k in red]
         rows, cols = sorted(has_a - has_b - set(own_a)), sorted(has_b - has_a - set(own_b))
-        product = np.matmul(self.pack(a, [batch, rows, inner]), self.pack(b, [batch, inner, cols]))
+        product = xp.matmul(self.pack(a, [batch, rows, inner]), self.pack(b, [batch, inner, cols]))
         if absent != 1:
             product = product * absent
         axes = batch + rows + cols
-        product = product.reshape([self.shape[k] for k in axes]).transpose(np.argsort(axes))
+        product = product.reshape([self.shape[k] for k in axes]).transpose([int(k) for k in np.argsort(axes)])
         return product.reshape([self.shape[k] if k in axes else 1 for k in range(self.nd)])
 
-    def pack(self, x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
+    def pack(self, x: Any, groups: list[list[int]]) -> Any:
         """``x`` with its axes regrouped (each group flattened, size-1 axes dropped) into a 3-D array."""
         order = [k for g in groups for k in g]
         x = x.transpose(order + [k for k in range(self.nd) if k not in order])
@@ -347,10 +367,9 @@ def _has_acc(expr: Expr) -> bool:
     return isinstance(expr, Cast) and _has_acc(expr.arg)
 
 
-def _cast(value: np.ndarray, dtype: DType) -> np.ndarray:
+def _cast(value: Any, dtype: DType, xp: Any) -> Any:
     if dtype.is_float:
         return value if value.dtype.kind == "f" else value.astype(np.float64)
     if dtype == DType.BOOL:
         return value != 0
-    return (np.trunc(value) if value.dtype.kind == "f" else value).astype(np.int64)
-
+    return (xp.trunc(value) if value.dtype.kind == "f" else value).astype(np.int64)

@@ -20,10 +20,17 @@ constrain it:
 
 Exact zeros are replaced by 0.5. ``bfloat16`` inputs come back as float32 arrays holding
 bfloat16-representable values (numpy has no bfloat16).
+
+With ``xp=cupy`` the floats are drawn on the GPU by the same rules, from a CuPy generator seeded from the
+input's NumPy generator: deterministic per (graph, seed), but not the values NumPy draws. Integers and bools
+are drawn with NumPy in either case (then uploaded), so index tensors, and whatever is derived from them, are
+the same on the host and on the GPU.
 """
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -114,55 +121,68 @@ def _csr(graph: Graph, node: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return indptr.astype(np.int64), (flat % width).astype(np.int64)
 
 
-def _to_bfloat16(a: np.ndarray) -> np.ndarray:
-    bits = np.asarray(a, dtype=np.float32).view(np.uint32)
+def _to_bfloat16(a: Any) -> Any:
+    bits = a.astype(np.float32, copy=False).view(np.uint32)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return rounded.astype(np.uint32).view(np.float32)
 
 
-def _floats(rng: np.random.Generator, dtype: DType, use: _Use, shape: tuple[int, ...]) -> np.ndarray:
-    """Float values of ``shape`` and ``dtype`` (bfloat16: float32 holding bfloat16 values) by ``use``'s rule, exact
-    zeros replaced by 0.5; drawn and finished block by block (``embed.blocks``), each block by its own generator
-    spawned from ``rng``, so the values do not depend on the thread count."""
+def _finish(out: Any, raw: Any, dtype: DType, use: _Use, spread: np.floating) -> None:
+    """``out`` (the input's array, or a block of it) from ``raw`` draws (uniform in [0, 1) for a positive input,
+    else standard normal) by ``use``'s rule, rounded to ``dtype``, exact zeros replaced by 0.5."""
+    value = 0.5 + 1.5 * raw if use.positive else raw / spread
+    out[...] = _to_bfloat16(value) if dtype == DType.BFLOAT16 else value
+    out[out == 0] = 0.5
+
+
+def _floats(rng: np.random.Generator, dtype: DType, use: _Use, shape: tuple[int, ...], xp: Any) -> Any:
+    """Float values of ``shape`` and ``dtype`` (bfloat16: float32 holding bfloat16 values) by ``use``'s rule. NumPy
+    draws and finishes them block by block (``embed.blocks``), each block by its own generator spawned from
+    ``rng``, so the values do not depend on the thread count; another ``xp`` draws them at once with a generator
+    seeded from ``rng``."""
     draw = np.float64 if dtype == DType.FLOAT64 else np.float32  # float32 draws are exact below float64, and faster
-    out = np.empty(math.prod(shape), _NUMPY[dtype])
-    children = rng.spawn(max(1, -(-out.size // BLOCK)))
     spread = draw(math.sqrt(use.fan_in or 1))
 
+    def raw(gen: Any, size: int) -> Any:
+        return gen.random(size, dtype=draw) if use.positive else gen.standard_normal(size, dtype=draw)
+
+    out = xp.empty(math.prod(shape), _NUMPY[dtype])
+    if xp is not np:
+        _finish(out, raw(xp.random.default_rng(int(rng.integers(2**63))), out.size), dtype, use, spread)
+        return out.reshape(shape)
+    children = rng.spawn(max(1, -(-out.size // BLOCK)))
+
     def work(lo: int, hi: int) -> None:
-        child = children[lo // BLOCK]
-        value = 0.5 + 1.5 * child.random(hi - lo, dtype=draw) if use.positive else \
-            child.standard_normal(hi - lo, dtype=draw) / spread
-        block = out[lo:hi]
-        block[...] = _to_bfloat16(value) if dtype == DType.BFLOAT16 else value
-        block[block == 0] = 0.5
+        _finish(out[lo:hi], raw(children[lo // BLOCK], hi - lo), dtype, use, spread)
 
     blockwise(out.size, work)
     return out.reshape(shape)
 
 
-def _draw(graph: Graph, name: str, use: _Use, rng: np.random.Generator, seed: int) -> np.ndarray:
+def _draw(graph: Graph, name: str, use: _Use, rng: np.random.Generator, seed: int, xp: Any) -> Any:
     tensor = graph.tensors[name]
     shape, dtype = tensor.shape, tensor.dtype
+    if dtype.is_float:
+        return _floats(rng, dtype, use, shape, xp)
     if dtype == DType.BOOL:
         return rng.random(shape) < 0.5
-    if not dtype.is_float:
-        if use.csr is not None:
-            value = _csr(graph, use.csr[0], seed)[use.csr[1]]
-            if value.size != tensor.numel:
-                raise EmbedError(f"input {name!r} of spmm has {tensor.numel} elements, expected {value.size}")
-            return value.reshape(shape).astype(_NUMPY[dtype])
-        if use.below is not None:
-            return rng.integers(0, max(use.below, 1), shape).astype(_NUMPY[dtype])
-        return rng.integers(1, 8, shape).astype(_NUMPY[dtype])
-    return _floats(rng, dtype, use, shape)
+    if use.csr is not None:
+        value = _csr(graph, use.csr[0], seed)[use.csr[1]]
+        if value.size != tensor.numel:
+            raise EmbedError(f"input {name!r} of spmm has {tensor.numel} elements, expected {value.size}")
+        return value.reshape(shape).astype(_NUMPY[dtype])
+    if use.below is not None:
+        return rng.integers(0, max(use.below, 1), shape).astype(_NUMPY[dtype])
+    return rng.integers(1, 8, shape).astype(_NUMPY[dtype])
 
 
-def random_inputs(graph: Graph, *, seed: int) -> dict[str, np.ndarray]:
-    """Random arrays for every graph input and param, by name (rules in the module docstring)."""
+def random_inputs(graph: Graph, *, seed: int, xp: Any = np, only: Collection[str] | None = None) -> dict[str, Any]:
+    """Random arrays of ``xp`` (NumPy, or CuPy: floats drawn on the GPU) for every graph input and param by name,
+    or for those named in ``only`` (with the values they get without it); rules in the module docstring."""
     consumers = graph.consumers()
     result = {}
     for k, name in enumerate(graph.inputs):
-        rng = np.random.default_rng([seed, k])
-        result[name] = np.asarray(_draw(graph, name, _use(graph, name, consumers), rng, seed))
+        if only is None or name in only:
+            rng = np.random.default_rng([seed, k])
+            result[name] = xp.asarray(_draw(graph, name, _use(graph, name, consumers), rng, seed, xp))
     return result

@@ -10,14 +10,15 @@ The contract between code generation and the runner:
 - :class:`Problem`: input arrays by buffer name (fresh random values chosen by the caller, or arrays already in
   the buffer dtype's storage form (:func:`to_storage`); values are converted to the buffer dtype, so compute the
   reference from :func:`quantize`-d inputs) and reference outputs by output-buffer name (float64, or float32
-  where the tolerance is far above float32 rounding), plus optional per-output tolerances.
+  where the tolerance is far above float32 rounding), plus optional per-output tolerances. A problem made from a
+  spec (``Problem.described``, ``transforms.problem``) is built by the cuda worker itself, on its GPU.
 - :class:`Trial`: a :class:`~transforms.results.BuildResult` + a sequence of Launches (one kernel per fused
   group, run in order on the same buffers) + a Problem.
 
 Validation: output buffers are filled with NaN (ints: their minimum) before the first call; each output
 is compared with its reference (in the reference's float dtype, where the output lives: on the device for cuda,
-whose worker uploads a problem's inputs and references once and gives each trial fresh device copies of the
-inputs) by relative error
+whose worker uploads a problem's inputs and references once, or builds them there from the problem's spec, and
+gives each trial fresh device copies of the inputs) by relative error
 ``max_i |out_i - ref_i| / max(|ref_i|, 1e-3 * max_j |ref_j|)``, which must not exceed the tolerance
 (:data:`TOLERANCE` by dtype unless the Problem overrides it). A non-finite output where the reference is
 finite is error kind "nan"; NaN never passes; validation covers the whole launch sequence. Timing of the
@@ -28,8 +29,8 @@ cpu: ``time.perf_counter_ns``. cuda: the sequence is captured ``copies`` times i
 copy on its own set of buffers, with enough copies that together they exceed twice the L2 cache (so every
 replay reads from device memory); each replay is timed with CUDA events and divided by ``copies``.
 
-Data travels as JSON lines over pipes and ``.npz`` files (loaded without pickle). Standard library and
-NumPy only: this module is on the GPU measurement path.
+Data travels as JSON lines over pipes and ``.npz`` files (loaded without pickle); a cuda trial of a problem with
+a spec sends the spec (JSON) instead. Standard library and NumPy only: this module is on the GPU measurement path.
 """
 
 import json
@@ -43,8 +44,8 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -72,14 +73,16 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-def to_storage(values: Any, dtype: str) -> np.ndarray:
-    """``values`` converted to the storage array of ``dtype`` (bfloat16: round to nearest even, as bits); an
-    array already in that storage form is returned as it is."""
-    if dtype != "bfloat16" or np.asarray(values).dtype == np.uint16:
-        return np.ascontiguousarray(values, dtype=STORAGE[dtype])
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+def to_storage(values: Any, dtype: str, xp: Any = np) -> Any:
+    """``values`` converted to the storage array of ``dtype`` in array module ``xp`` (NumPy, or CuPy: converted on
+    the GPU; bfloat16: round to nearest even, as bits); an array already in that storage form is returned as it
+    is."""
+    values = xp.asarray(values)
+    if dtype != "bfloat16" or values.dtype == np.uint16:
+        return xp.ascontiguousarray(values, dtype=STORAGE[dtype])
+    bits = xp.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return np.where(np.isnan(np.asarray(values, np.float32)), 0x7FC0, rounded).astype(np.uint16)
+    return xp.where(xp.isnan(values.astype(np.float32, copy=False)), 0x7FC0, rounded).astype(np.uint16)
 
 
 def to_float(stored: Any, dtype: str, float_dtype: Any = np.float64) -> Any:
@@ -178,14 +181,46 @@ class Launch:
                    data.get("library", ""))
 
 
-@dataclass(frozen=True, eq=False)
 class Problem:
-    """Inputs (by buffer name) and references (by output name; float64, or float32 for low-precision outputs)
-    shared by the trials of one subgraph."""
+    """Inputs (by buffer name), references (by output name; float64, or float32 for low-precision outputs) and
+    per-output tolerance overrides, shared by the trials of one subgraph.
 
-    inputs: Mapping[str, np.ndarray]
-    reference: Mapping[str, np.ndarray]
-    tolerance: Mapping[str, float] = field(default_factory=dict)
+    ``Problem(inputs, reference, tolerance)`` holds host arrays. ``Problem.described(spec, tolerance, build)`` is
+    also described by ``spec``, a JSON document from which the worker builds the arrays itself
+    (``transforms.problem``): a cuda trial sends the spec, and the worker builds the problem on its GPU. Its host
+    arrays are built, by ``build()``, only when something reads ``inputs`` or ``reference`` (a cpu trial, a check
+    on the host).
+    """
+
+    def __init__(self, inputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
+                 tolerance: Mapping[str, float] | None = None) -> None:
+        self.tolerance: Mapping[str, float] = {} if tolerance is None else tolerance
+        self.spec: dict[str, Any] | None = None
+        self._arrays: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = (inputs, reference)
+        self._build: Callable[[], Problem] | None = None
+
+    @classmethod
+    def described(cls, spec: dict[str, Any], tolerance: Mapping[str, float], build: Callable[[], "Problem"]) \
+            -> "Problem":
+        """A problem the worker builds from ``spec``; ``build()`` makes its host arrays when they are read."""
+        problem = cls({}, {}, tolerance)
+        problem.spec, problem._arrays, problem._build = spec, None, build
+        return problem
+
+    @property
+    def inputs(self) -> Mapping[str, np.ndarray]:
+        return self._host()[0]
+
+    @property
+    def reference(self) -> Mapping[str, np.ndarray]:
+        return self._host()[1]
+
+    def _host(self) -> tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]:
+        if self._arrays is None:
+            assert self._build is not None
+            built = self._build()
+            self._arrays = (built.inputs, built.reference)
+        return self._arrays
 
     def tolerances(self, launches: Sequence[Launch]) -> dict[str, float]:
         """Tolerance per output buffer of ``launches``: the override, else :data:`TOLERANCE` (ints: 0)."""
@@ -236,7 +271,8 @@ class Worker:
     A trial that outlives its timeout kills the worker (result kind "timeout"); a worker that dies (a
     segfault, an abort) gives kind "launch". Either way the next trial starts a fresh worker. The problems of
     the last :data:`KEPT_PROBLEMS` subgraphs stay saved (``problem_file``), so the batches of one search save
-    and the worker loads (and uploads) each problem once.
+    and the worker loads (and uploads) each problem once; a cuda trial of a problem with a spec sends the spec
+    (``problem_source``), and the worker builds the problem on its GPU once for consecutive trials.
     """
 
     def __init__(self, *, python: str = sys.executable, startup_timeout_s: float = 60.0) -> None:
@@ -273,6 +309,13 @@ class Worker:
         while len(self._saved) > KEPT_PROBLEMS:
             self._saved.pop(next(iter(self._saved)))[1].unlink(missing_ok=True)
         return str(known[1])
+
+    def problem_source(self, problem: Problem, backend: str) -> str | dict[str, Any]:
+        """What a ``backend`` trial tells the worker to load ``problem`` from: ``{"spec": ...}`` for cuda when the
+        problem has a spec (the worker builds it on the GPU), else the path of the saved problem."""
+        if backend == "cuda" and problem.spec is not None:
+            return {"spec": problem.spec}
+        return self.problem_file(problem)
 
     def close(self) -> None:
         """Stop the worker process (if any) and delete the saved problems."""
@@ -388,7 +431,7 @@ def run(
                 "backend": trial.build.backend,
                 "artifact": trial.build.artifact,
                 "launches": [launch.to_json() for launch in trial.launches],
-                "problem": worker.problem_file(trial.problem),
+                "problem": worker.problem_source(trial.problem, trial.build.backend),
                 "tolerance": trial.problem.tolerances(trial.launches),
                 "warmup": warmup,
                 "repeats": repeats,

@@ -3,7 +3,8 @@
     results = tune(graph_or_subgraph, strategy="random", backend="cpu", budget=32, cache_dir=Path(".cache"))
 
 One :class:`Task` per tunable subgraph holds its loop program and one validation :class:`Problem` (random
-inputs in the buffer dtypes, reference from ``embed.evaluate``). Candidates are generated
+inputs in the buffer dtypes, reference from ``embed.evaluate``; ``transforms.problem``: a cuda worker builds it
+on its GPU, the host only when something reads its arrays). Candidates are generated
 and compiled in parallel (``transforms.build``), then validated and timed one at a time
 (``transforms.run``).
 """
@@ -13,29 +14,26 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from embed.blocks import converted
-from embed.evaluate import evaluate
-from embed.inputs import random_inputs
 from embed.ir import Graph
-from embed.loopnest import Indirect, LoopNest, LoopProgram
+from embed.loopnest import LoopProgram
 from embed.lower import lower
 from embed.partition import partition
 from embed.subgraph import Subgraph
 from transforms.build import Source, build
 from transforms.codegen import Kernel, generate
-from transforms.codegen.kernel import compute_dtype
-from transforms.codegen.signature import run_dtype, signature
 from transforms.compilers import cuda
+from transforms.problem import described_problem, quantized_inputs
+from transforms.problem import tolerances as tolerances  # re-exported: bench.spmm_graphs and tests import it here
 from transforms.recipe import Recipe
 from transforms.reorder import chain_orders, chains, describe
 from transforms.results import RunResult
-from transforms.run import STORAGE, TOLERANCE, Problem, Trial, Worker, fastest, run, to_float, to_storage
+from transforms.run import Problem, Trial, Worker, fastest, run
 from transforms.schedule import ScheduleError
 from transforms.search import create
 from transforms.search.strategy import Evaluate, Strategy, search
@@ -104,78 +102,11 @@ class TuneResults(list[TuneResult]):
         self.orders = list(orders)
 
 
-def stored_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs by graph name in their buffer dtypes' storage form (:func:`~transforms.run.to_storage`)."""
-    raw = random_inputs(graph, seed=seed)
-    dtypes = {n: run_dtype(program.buffers[n].dtype) for n in program.inputs}
-    return {n: converted(raw[n], lambda v, d=dtypes[n]: to_storage(v, d), STORAGE[dtypes[n]]) for n in dtypes}
-
-
-def quantized_inputs(graph: Graph, program: LoopProgram, *, seed: int = 0,
-                     float_dtype: type[np.floating] = np.float64) -> dict[str, np.ndarray]:
-    """Random inputs by graph name, rounded to their buffer dtypes (as ``float_dtype`` values)."""
-    return _values(program, stored_inputs(graph, program, seed=seed), float_dtype)
-
-
-def _values(program: LoopProgram, stored: Mapping[str, np.ndarray], float_dtype: type[np.floating]) \
-        -> dict[str, np.ndarray]:
-    dtypes = {n: run_dtype(program.buffers[n].dtype) for n in stored}
-    return {n: converted(v, lambda a, d=dtypes[n]: to_float(a, d, float_dtype), float_dtype) for n, v in stored.items()}
-
-
-def reference_dtype(program: LoopProgram) -> type[np.floating]:
-    """float32 when every float output is float16 / bfloat16 and no float buffer is float64 (float32 rounding
-    is then far below the outputs' tolerance), else float64."""
-    dtypes = {run_dtype(b.dtype) for b in program.buffers.values() if b.dtype.is_float}
-    outputs = {run_dtype(program.buffers[n].dtype) for n in program.outputs if program.buffers[n].dtype.is_float}
-    low = outputs and outputs <= {"float16", "bfloat16"} and "float64" not in dtypes
-    return np.float32 if low else np.float64
-
-
-def make_problem(graph: Graph, program: LoopProgram, *, seed: int = 0) -> Problem:
-    """Random inputs (in their storage dtypes) and reference outputs (float32 or float64:
-    :func:`reference_dtype`), keyed by argument name."""
-    sig = signature(program, compute_dtype(program))
-    stored = stored_inputs(graph, program, seed=seed)
-    precision = reference_dtype(program)
-    values = _values(program, stored, precision)
-    reference = evaluate(program, values, precision)
-    inputs = {sig.names[n]: stored[n] for n in program.inputs if n in sig.names}
-    outputs = {sig.names[n]: reference[n] for n in program.outputs}
-    return Problem(inputs, outputs, tolerances(program, sig.names, values))
-
-
-def tolerances(program: LoopProgram, names: dict[str, str],
-               inputs: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
-    """Per-output tolerance: the dtype's, widened by sqrt(longest reduction) / 4 for reassociated sums (a wrong
-    term still errs by orders of magnitude more). A ragged (CSR) reduction counts its longest row when
-    ``inputs`` (by buffer name) hold the index tensor, else its mean extent."""
-    longest = max((_reduction_length(n, inputs or {}) for n in program.nests), default=1)
-    factor = max(1.0, math.sqrt(longest) / 4)
-    out = {}
-    for n in program.outputs:
-        dtype = run_dtype(program.buffers[n].dtype)
-        if dtype in TOLERANCE and program.buffers[n].dtype.is_float:
-            out[names[n]] = TOLERANCE[dtype] * factor
-    return out
-
-
-def _reduction_length(nest: LoopNest, inputs: Mapping[str, np.ndarray]) -> int:
-    """Terms summed per output element: ragged dims count the longest ``stop - start`` of their index tensor."""
-    length = 1
-    for d in nest.reduction:
-        tensor = next((a.tensor for a, _ in d.ragged.start.terms if isinstance(a, Indirect)), None) if d.ragged \
-            else None
-        index = inputs.get(tensor) if tensor else None
-        length *= int(np.diff(index.ravel()).max(initial=0)) if index is not None and index.size > 1 else d.extent
-    return max(length, 1)
-
-
 def make_task(subgraph: Subgraph | Graph, *, seed: int = 0, name: str = "") -> Task:
     graph = subgraph.graph if isinstance(subgraph, Subgraph) else subgraph
     kind = subgraph.kind.value if isinstance(subgraph, Subgraph) else "graph"
     program = lower(graph)
-    return Task(name or graph.name, kind, graph, program, make_problem(graph, program, seed=seed))
+    return Task(name or graph.name, kind, graph, program, described_problem(graph, program, seed=seed))
 
 
 def kernels(program: LoopProgram, recipes: Sequence[Recipe], backend: str) -> list[Kernel | str]:

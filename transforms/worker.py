@@ -1,7 +1,8 @@
 """The worker process: ``python -m transforms.worker`` reads trial messages (JSON lines) on stdin and writes
 one result per line. Started and restarted by :class:`transforms.run.Worker`; see :mod:`transforms.run`
 for the contract (validation, and timing by CUDA-graph replay over buffer copies that exceed the L2 cache).
-Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy.
+Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a problem sent as a spec is built with
+``transforms.problem``, which also needs ``embed`` (pydantic; on the GPU ``cupyx.scipy.special``).
 """
 
 import ctypes
@@ -61,16 +62,27 @@ def problem_input(inputs: Mapping[str, np.ndarray], b: Buffer) -> np.ndarray:
 
 
 class LoadedProblem:
-    """A problem file's inputs and references, with what backends derive from them (device copies) kept
-    across the trials of that problem."""
+    """A problem's inputs and references (host arrays from a saved file, or arrays the worker built from a spec),
+    with what backends derive from them (device copies) kept across the trials of that problem."""
 
-    def __init__(self, path: str) -> None:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = dict(data)
-        self.path = path
-        self.inputs = {k[3:]: v for k, v in arrays.items() if k.startswith("in.")}
-        self.reference = {k[4:]: v for k, v in arrays.items() if k.startswith("ref.")}
+    def __init__(self, source: str | dict[str, Any], inputs: Mapping[str, Any], reference: Mapping[str, Any]) -> None:
+        self.source = source
+        self.inputs, self.reference = dict(inputs), dict(reference)
         self.derived: dict[tuple[str, ...], Any] = {}
+
+    @classmethod
+    def open(cls, source: str | dict[str, Any], xp: Any = np) -> "LoadedProblem":
+        """The problem a trial message names: the path of a saved problem, or ``{"spec": ...}``, built with ``xp``
+        (the backend's array module: CuPy builds it on the GPU)."""
+        if isinstance(source, str):
+            with np.load(source, allow_pickle=False) as data:
+                arrays = dict(data)
+            return cls(source, {k[3:]: v for k, v in arrays.items() if k.startswith("in.")},
+                       {k[4:]: v for k, v in arrays.items() if k.startswith("ref.")})
+        from transforms.problem import problem_from_spec  # embed and pydantic: only for problems sent as specs
+
+        built = problem_from_spec(source["spec"], xp)
+        return cls(source, built.inputs, built.reference)
 
     def cached(self, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
         """``make()``, computed once per key for this problem."""
@@ -172,12 +184,12 @@ class CudaBackend:
 
     def arrays(self, launches: Sequence[Launch], problem: LoadedProblem) -> dict[str, Any]:
         """Device arrays for every buffer: each input a copy of the problem's device copy (uploaded once per
-        problem), outputs poisoned and scratch zeroed on the device."""
+        problem, or built there), outputs poisoned and scratch zeroed on the device."""
         cp, out = self.cupy, {}
         for b in buffers_of(launches):
             if b.kind == "input":
                 def upload(b: Buffer = b) -> Any:
-                    return cp.asarray(to_storage(problem_input(problem.inputs, b), b.dtype))
+                    return to_storage(problem_input(problem.inputs, b), b.dtype, cp)
 
                 out[b.name] = problem.cached(("cuda", b.name, b.dtype), upload).copy()
             else:
@@ -298,9 +310,14 @@ def main() -> None:
     problem: LoadedProblem | None = None
     for line in sys.stdin:
         message = json.loads(line)
-        if problem is None or message["problem"] != problem.path:
+        if problem is None or message["problem"] != problem.source:
             problem = None  # free the last problem's arrays (and device copies) first
-            problem = LoadedProblem(message["problem"])
+            try:
+                problem = LoadedProblem.open(message["problem"], _BACKENDS[message["backend"]]().xp)
+            except Exception as e:  # a missing file, a bad spec, a GPU out of memory: this trial's result
+                failure = RunResult.failure("launch", f"cannot load the problem: {type(e).__name__}: {e}")
+                reply({**failure.to_json(), "fatal": False})
+                continue
         result, fatal = execute(message, problem)
         reply({**result.to_json(), "fatal": fatal})
         if fatal:

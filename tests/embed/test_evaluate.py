@@ -17,6 +17,7 @@ from embed.ir import Graph
 from embed.lower import lower
 from embed.partition import partition
 from embed.zoo.family import FAMILIES
+from tests.gpu import needs_gpu
 
 Spec = tuple[str, Sequence[int], str]  # (name, shape, dtype) of a graph input
 
@@ -327,17 +328,50 @@ def test_zoo_subgraphs_match_eager_in_float64(family: str) -> None:
                                        err_msg=f"{family}: {sub.ops} output {name}")
 
 
-@pytest.mark.parametrize("graph", [
+CHUNKED = [
     lambda: single("conv2d", [("x", (3, 4, 9, 9), "float32"), ("w", (6, 2, 3, 3), "float32")], (3, 6, 5, 5),
                    stride=[2, 2], padding=[1, 1], dilation=[1, 1], groups=2),
     lambda: single("matmul", [("a", (5, 6, 7), "float32"), ("b", (7, 3), "float32")], (5, 6, 3)),
     lambda: single("softmax", [("x", (9, 20), "float32")], (9, 20), axis=1),
     lambda: single("spmm", [("ip", (4,), "int64"), ("ix", (5,), "int64"), ("v", (5,), "float32"),
                             ("d", (6, 8), "float32")], (3, 8), rows=3),
-])
+]
+
+
+@pytest.mark.parametrize("graph", CHUNKED)
 def test_chunked_evaluation_matches_whole(graph, monkeypatch: pytest.MonkeyPatch) -> None:
     g = graph()
     inputs = random_inputs(g, seed=3)
     whole = evaluate(lower(g), inputs)["out"]
     monkeypatch.setattr("embed.evaluate._CHUNK", 16)
     np.testing.assert_array_equal(evaluate(lower(g), inputs)["out"], whole)
+
+
+@needs_gpu
+@pytest.mark.parametrize("family", zoo.families())
+def test_zoo_subgraphs_evaluate_alike_with_cupy(family: str) -> None:
+    import cupy
+
+    for sub in (s for s in partition(zoo.load(small_model(family))) if s.tunable):
+        inputs = random_inputs(sub.graph, seed=0)
+        program = lower(sub.graph)
+        want = evaluate(program, inputs)
+        got = evaluate(program, {k: cupy.asarray(v) for k, v in inputs.items()}, xp=cupy)
+        for name, expected in want.items():
+            assert isinstance(got[name], cupy.ndarray) and got[name].dtype == expected.dtype
+            scale = float(np.abs(expected).max(initial=1.0))
+            np.testing.assert_allclose(got[name].get(), expected, rtol=1e-9, atol=1e-9 * scale,
+                                       err_msg=f"{family}: {sub.ops} output {name}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("graph", CHUNKED)
+def test_chunked_evaluation_with_cupy_matches_numpy(graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cupy
+
+    g = graph()
+    inputs = random_inputs(g, seed=3)
+    whole = evaluate(lower(g), inputs)["out"]
+    monkeypatch.setattr("embed.evaluate._CHUNK", 16)
+    got = evaluate(lower(g), {k: cupy.asarray(v) for k, v in inputs.items()}, xp=cupy)["out"]
+    np.testing.assert_allclose(got.get(), whole, rtol=1e-12, atol=1e-12)

@@ -1,13 +1,20 @@
 """The validation problem of a task: inputs in their storage dtypes, references in a precision the outputs need."""
 
+import json
+import re
+
 import numpy as np
 import pytest
 
 from embed.builder import GraphBuilder
 from embed.evaluate import evaluate
 from embed.lower import lower
+from tests.gpu import needs_gpu
+from transforms import problem as problem_module
+from transforms.codegen.kernel import compute_dtype
+from transforms.codegen.signature import run_dtype, signature
+from transforms.problem import described_problem, make_problem, problem_from_spec, reference_dtype, tolerances
 from transforms.run import to_float
-from transforms.tune import make_problem, reference_dtype
 
 
 def _softmax(dtype: str, shape: tuple[int, int] = (64, 96)):
@@ -35,3 +42,92 @@ def test_random_inputs_do_not_depend_on_the_thread_count(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     again = make_problem(graph, lower(graph)).inputs
     assert all(np.array_equal(first[k], again[k]) for k in first)
+
+
+def _cross_entropy_and_spmm():
+    """Two graphs whose inputs cover the rules: floats (positive, weights), class targets, and a CSR whose longest
+    row widens the tolerance."""
+    b = GraphBuilder("ce")
+    logits, target = b.input("logits", (64, 50), "float32"), b.input("target", (64,), "int64")
+    logp = b.node("log_softmax", [logits], (64, 50), "float32", axis=1)
+    ce = b.build([b.node("nll_loss", [logp, target], (), "float32", name="out", reduction="mean")])
+    b = GraphBuilder("spmm")
+    names = [b.input("ip", (33,), "int64"), b.input("ix", (700,), "int64"), b.input("v", (700,), "float32"),
+             b.input("d", (40, 24), "float32")]
+    spmm = b.build([b.node("spmm", names, (32, 24), "float32", name="out", rows=32)])
+    return [ce, spmm]
+
+
+def _same(a, b) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("graph", _cross_entropy_and_spmm(), ids=["cross_entropy", "spmm"])
+def test_a_described_problem_is_make_problems_built_on_first_read(graph, monkeypatch):
+    program = lower(graph)
+    made = make_problem(graph, program, seed=5)
+    calls = []
+    monkeypatch.setattr(problem_module, "make_problem", lambda *a, **k: calls.append(1) or made)
+    described = described_problem(graph, program, seed=5)
+    assert calls == [] and described.spec == {"graph": json.loads(graph.to_json()), "seed": 5}
+    assert described.tolerance == made.tolerance  # from the index tensors alone, before any float is drawn
+    assert described.inputs is made.inputs and described.reference is made.reference and calls == [1]
+    described.reference  # noqa: B018 (built once)
+    assert calls == [1]
+
+
+def test_the_longest_csr_row_widens_a_described_problems_tolerance():
+    spmm = _cross_entropy_and_spmm()[1]
+    program = lower(spmm)
+    [tolerance] = described_problem(spmm, program).tolerance.values()
+    assert tolerance == tolerances(program, {"out": "out"}, {"ip": make_problem(spmm, program).inputs["b0"]})["out"]
+    assert tolerance > tolerances(program, {"out": "out"})["out"]  # the mean row (21.9) is shorter than the longest
+
+
+@pytest.mark.parametrize("graph", [*_cross_entropy_and_spmm(), _softmax("bfloat16")],
+                         ids=["cross_entropy", "spmm", "softmax"])
+def test_a_spec_round_trips_through_json_to_the_same_problem(graph):
+    program = lower(graph)
+    spec = json.loads(json.dumps(described_problem(graph, program, seed=2).spec))
+    built, made = problem_from_spec(spec), make_problem(graph, program, seed=2)
+    assert _same(built.inputs, made.inputs) and _same(built.reference, made.reference)
+    assert built.tolerance == made.tolerance
+    assert not _same(problem_from_spec({**spec, "seed": 3}).inputs, made.inputs)
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ({"seed": 0}, "a problem spec is {'graph': <graph document>, 'seed': <int>}"),
+    ({"graph": {}, "seed": "0"}, "a problem spec is"),
+    ({"graph": {}, "seed": 0, "extra": 1}, "a problem spec is"),
+    ([], "a problem spec is"),
+    ({"graph": {"tensors": {}}, "seed": 0}, "invalid graph of a problem spec: nodes: Field required"),
+])
+def test_a_bad_spec_is_refused_with_what_is_wrong(spec, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        problem_from_spec(spec)
+
+
+@needs_gpu
+@pytest.mark.parametrize("graph", [*_cross_entropy_and_spmm(), _softmax("bfloat16"), _softmax("float16")],
+                         ids=["cross_entropy", "spmm", "softmax-bfloat16", "softmax-float16"])
+def test_a_problem_built_on_the_gpu_has_the_hosts_integers_and_the_reference_of_its_own_inputs(graph):
+    import cupy
+
+    program = lower(graph)
+    spec = described_problem(graph, program, seed=1).spec
+    device, again = problem_from_spec(spec, cupy), problem_from_spec(spec, cupy)
+    host = make_problem(graph, program, seed=1)
+    assert device.tolerance == host.tolerance
+    for name, stored in host.inputs.items():
+        got = device.inputs[name].get()
+        assert got.dtype == stored.dtype and np.array_equal(got, again.inputs[name].get())  # deterministic
+        assert np.array_equal(got, stored) == (stored.dtype.kind == "i")  # floats come from another generator
+    sig, precision = signature(program, compute_dtype(program)), reference_dtype(program)
+    values = {n: to_float(device.inputs[sig.names[n]].get(), run_dtype(program.buffers[n].dtype), precision)
+              for n in program.inputs}
+    want = evaluate(program, values, precision)  # on the host, from the inputs drawn on the GPU
+    for name in program.outputs:
+        got = device.reference[sig.names[name]]
+        assert isinstance(got, cupy.ndarray) and got.dtype == precision
+        rtol = 1e-5 if precision is np.float32 else 1e-9
+        np.testing.assert_allclose(got.get(), want[name], rtol=rtol, atol=rtol * float(np.abs(want[name]).max()))

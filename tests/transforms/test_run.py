@@ -1,13 +1,19 @@
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from embed.lower import lower
 from tests.gpu import needs_gpu
+from tests.transforms.kernels import single
 from transforms import run as runner
 from transforms.build import Source, build
-from transforms.results import BuildResult
+from transforms.compilers import cuda
+from transforms.results import BuildResult, RunResult
 from transforms.run import Buffer, Launch, Problem, Scalar, Trial, Worker, run
+from transforms.space import default_recipe
+from transforms.tune import kernels, make_task
 
 N = 4096
 SIGNATURE = "void vadd(const float* a, const float* b, float* c, int n)"
@@ -248,3 +254,77 @@ def test_a_problem_is_saved_once_across_runs_and_survives_a_worker_restart(built
         paths = [Path(w.problem_file(p)) for p in others]
         assert w.saves == 1 + len(others) and not paths[0].exists() and all(p.exists() for p in paths[1:])
     assert not any(p.exists() for p in paths)
+
+
+class SpecWorker(Worker):
+    """Sends a problem that has a spec as its spec on every backend (``run`` does so for cuda trials only)."""
+
+    def problem_source(self, problem, backend):
+        return super().problem_source(problem, "cuda")
+
+
+def test_cuda_trials_send_a_described_problems_spec_and_cpu_trials_its_saved_arrays(monkeypatch):
+    task = make_task(single("add", [("a", (8, 5), "float32"), ("b", (8, 5), "float32")], (8, 5)))
+    [kernel] = kernels(task.program, [default_recipe(task.program, "cpu")], "cpu")
+    arrays = Problem(task.problem.inputs, task.problem.reference)
+    sent = []
+    with Worker() as w:
+        monkeypatch.setattr(w, "request", lambda message, timeout_s: sent.append(message) or RunResult.failure(
+            "launch", "not run"))
+        run([Trial(BuildResult(backend, artifact="k"), kernel.launches, p)
+             for backend, p in (("cuda", task.problem), ("cpu", task.problem), ("cuda", arrays))], worker=w)
+        assert w.saves == 2
+    assert sent[0]["problem"] == {"spec": task.problem.spec} == json.loads(json.dumps(sent[0]["problem"]))
+    assert isinstance(sent[1]["problem"], str) and isinstance(sent[2]["problem"], str)
+    assert sent[0]["tolerance"] == sent[1]["tolerance"] == {"b2": 1e-4}
+
+
+def _task_and_kernels(backend, graphs):
+    """The task of the first graph and the default-recipe kernels of all."""
+    return make_task(graphs[0]), [kernels(lower(g), [default_recipe(lower(g), backend)], backend)[0] for g in graphs]
+
+
+def _binary(op, shape=(64, 33)):
+    return single(op, [("a", shape, "float32"), ("b", shape, "float32")], shape)
+
+
+def test_a_worker_builds_a_problem_sent_as_its_spec_and_validates_against_it(tmp_path):
+    task, made = _task_and_kernels("cpu", [_binary("add"), _binary("sub")])
+    built = build([Source(k.code) for k in made], cache_dir=tmp_path)
+    with SpecWorker() as w:
+        right, wrong = run([Trial(b, k.launches, task.problem) for b, k in zip(built, made, strict=True)], worker=w,
+                           repeats=2)
+        assert w.saves == 0 and w.starts == 1
+    assert right.ok and right.max_rel_err < 1e-6 and wrong.error_kind == "wrong"
+
+
+def test_a_problem_the_worker_cannot_load_fails_its_trial_only(built, problem):
+    unreadable = Problem.described({"seed": 0}, {}, lambda: problem)
+    with SpecWorker() as w:
+        bad, good = run([Trial(built["correct"], LAUNCH, unreadable), trial(built, problem, "correct")], worker=w,
+                        repeats=2)
+        assert w.starts == 1
+    assert bad.error_kind == "launch" and "cannot load the problem: ValueError: a problem spec is" in bad.error
+    assert good.ok
+
+
+def _rowwise(op, dtype):
+    return single(op, [("x", (256, 1000), dtype)], (256, 1000), dtype, axis=1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("graphs", [
+    lambda: [_binary("add", (256, 1000)), _binary("sub", (256, 1000))],
+    lambda: [_rowwise("softmax", "bfloat16"), _rowwise("log_softmax", "bfloat16")],
+    lambda: [_rowwise("softmax", "float16"), _rowwise("log_softmax", "float16")],
+], ids=["add-float32", "softmax-bfloat16", "softmax-float16"])
+def test_cuda_kernels_are_validated_against_a_problem_built_on_the_gpu(tmp_path, graphs):
+    task, made = _task_and_kernels("cuda", graphs())
+    built = build([Source(k.code, "cuda", arch=cuda.device_arch()) for k in made], cache_dir=tmp_path)
+    with Worker() as w:
+        right, wrong = run([Trial(b, k.launches, task.problem) for b, k in zip(built, made, strict=True)], worker=w,
+                           repeats=3)
+        assert w.saves == 0  # the problem went as its spec: nothing was saved on the host
+    [tolerance] = task.problem.tolerances(made[0].launches).values()
+    assert right.ok and right.max_rel_err < tolerance, right.error
+    assert wrong.error_kind == "wrong", wrong
