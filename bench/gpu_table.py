@@ -54,7 +54,7 @@ from bench.gpu_table_report import markdown
 from bench.gpu_transforms import Case, cases, copy_bandwidth, matmul_rate
 from bench.spmm_graphs import SpmmCase, spmm_cases, spmm_task
 from embed.ir import Graph
-from transforms.recipe import Recipe, parse
+from transforms.recipe import parse
 from transforms.run import Worker
 from transforms.search import create
 from transforms.search.strategy import Evaluate, search
@@ -115,13 +115,10 @@ def prior_recipes(path: Path | None) -> dict[tuple[str, str], str]:
 
 
 def with_new_knobs(recipe: str, space: RecipeSpace) -> list[str]:
-    """``recipe`` and, for each knob of ``space`` that it does not set (one added after it was found), a copy
-    with each of that knob's values."""
-    base = parse(recipe)
-    named = {step.name for step in base.steps}
-    variants = [Recipe((*base.steps, choice)) for options in space.dims for choice in options
-                if choice.name not in named]
-    return [recipe, *(str(v) for v in variants)]
+    """``recipe`` and its copies with each value of every knob of ``space`` it does not set (one added after it was
+    found: ``RecipeSpace.unset_knobs``)."""
+    stored = parse(recipe)
+    return [recipe, *(str(v) for v in space.variants(stored, space.unset_knobs(stored)))]
 
 
 def tune(task: Task, evaluate: Evaluate, *, budget: int, exhaustive_up_to: int = 0, seeds: Sequence[str] = (),

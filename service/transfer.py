@@ -4,8 +4,10 @@ against the default recipe (the baseline), keep the fastest; optionally hill-cli
 
 Neighbours often give fewer distinct candidates than they are asked for (two adapt to the same recipe, a recipe
 adapts to nothing, the database has no subgraph of the kind): with ``fill`` the remaining places of the
-``k * per_neighbour`` candidates go to uniform random recipes (:func:`random_recipes`), so that k buys the same
-number of measurements whatever the neighbours hold.
+``k * per_neighbour`` candidates go first to the neighbours' recipes with each value of the knobs their own
+subgraph has but their stored recipe lacks (crawled before the knob existed: ``Neighbour.newer_knobs``), then to
+uniform random recipes
+(:func:`random_recipes`), so that k buys the same number of measurements whatever the neighbours hold.
 
     result = transfer_tune(task, key, vector, session=s, index=index, device_id=d, measurer=m, backend="cpu", k=5)
     result.winner, result.winner_s, result.evaluations, [(n.distance, n.changes) for n in result.neighbours]
@@ -19,6 +21,8 @@ from sqlalchemy.orm import Session
 
 from db.index import VectorIndex
 from db.repositories.rankings import best_recipes, top_k_recipes
+from embed.ir import graph_from_json
+from embed.lower import lower
 from service.measure import Measurer
 from transforms.adapt import adapt
 from transforms.recipe import Recipe, parse
@@ -40,13 +44,14 @@ class Neighbour:
     source_recipe: str
     recipe: str
     changes: tuple[str, ...]
+    newer_knobs: tuple[str, ...] = ()  # knobs of its own space that its stored recipe lacks: added after the crawl
 
 
 @dataclass(frozen=True)
 class Tried:
     recipe: str
     result: RunResult
-    origin: str  # "default", "neighbour", "random" (fill) or "local"
+    origin: str  # "default", "neighbour", "variant" or "random" (fill), or "local"
 
 
 @dataclass(frozen=True)
@@ -85,11 +90,13 @@ def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task
                   for row, _ in hits}
     out = []
     for row, distance in hits:
+        own = RecipeSpace(lower(graph_from_json(row.ir_json)), backend) if ranked[row.id] else None
         for timing in ranked[row.id]:
-            recipe, changes = adapt(parse(timing.recipe), task.program, backend)
-            if recipe:
+            stored = parse(timing.recipe)
+            recipe, changes = adapt(stored, task.program, backend)
+            if recipe and own is not None:
                 out.append(Neighbour(row.id, row.structural_hash, distance, timing.recipe, str(recipe),
-                                     tuple(changes)))
+                                     tuple(changes), tuple(sorted(own.unset_knobs(stored)))))
     return out
 
 
@@ -102,8 +109,8 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
                   measurer: Measurer, backend: str, k: int = 5, local_budget: int = 0, exclude: Collection[str] = (),
                   seed: int = 0, per_neighbour: int = 1, fill: bool = False) -> TransferResult:
     """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``); each of
-    the ``k`` neighbours gives its ``per_neighbour`` fastest recipes; with ``fill``, random recipes make up the
-    candidates the neighbours did not give."""
+    the ``k`` neighbours gives its ``per_neighbour`` fastest recipes; with ``fill``, their variants over the knobs
+    they were stored without, then random recipes, make up the candidates the neighbours did not give."""
     near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude,
                       per_neighbour=per_neighbour)
     space = RecipeSpace(task.program, backend)
@@ -111,13 +118,18 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default]
     taken = {default, *given}
     wanted = k * per_neighbour - len(given) if fill else 0
+    variants = [v for v in dict.fromkeys(v for n in near for v in space.variants(parse(n.recipe), n.newer_knobs))
+                if v not in taken][:max(wanted, 0)]
+    taken |= set(variants)
+    wanted -= len(variants)
     drawn = [r for r in random_recipes(space, wanted + len(taken), seed=seed) if r not in taken][:wanted] \
         if wanted > 0 else []
-    searcher = create("given_candidates", space, candidates=[default, *given, *drawn], local_budget=local_budget,
-                      seed=seed)
+    searcher = create("given_candidates", space, candidates=[default, *given, *variants, *drawn],
+                      local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)
-    origins = {r: "neighbour" for r in given} | {r: "random" for r in drawn} | {default: "default"}
+    origins = ({r: "neighbour" for r in given} | {r: "variant" for r in variants} | {r: "random" for r in drawn}
+               | {default: "default"})
     tried = tuple(Tried(str(r), m, origins.get(r, "local")) for r, m in searcher.history)
     winner: tuple[Recipe, RunResult] = searcher.best or (default, base)
     return TransferResult(tuple(near), tried, str(winner[0]), winner[1].score, base.score)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from embed.loopnest import LoopProgram
 from transforms.adapt import adapt
@@ -61,6 +61,18 @@ class RecipeSpace:
         point = [next((s for s in adapted if s in options), next(s for s in self.default if s in options))
                  for options in self.dims]
         return Recipe(tuple(point))
+
+    def unset_knobs(self, recipe: Recipe) -> set[str]:
+        """Names of this space's knobs that ``recipe`` gives no value (a recipe stored before they existed)."""
+        return {step.name for options in self.dims for step in options} - {step.name for step in recipe.steps}
+
+    def variants(self, recipe: Recipe, knobs: Collection[str]) -> list[Recipe]:
+        """``legal(recipe)`` with each other value of each knob named in ``knobs``, one knob changed at a time:
+        every knob's first other value, then every knob's second, and so on."""
+        base = self.legal(recipe).steps
+        others = [(n, k, choice) for k, options in enumerate(self.dims) if options[0].name in knobs
+                  for n, choice in enumerate(c for c in options if c != base[k])]
+        return [Recipe((*base[:k], choice, *base[k + 1:])) for _, k, choice in sorted(others, key=lambda o: o[:2])]
 
     def mutate(self, recipe: Recipe, rng: random.Random) -> Recipe:
         return self._product.mutate(self.legal(recipe), rng)

@@ -1,11 +1,14 @@
 """Crawl into a database, embed, and transfer-tune from it (synthetic measurements: no timing noise)."""
 
 import math
+import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sqlalchemy import func, select
 
+import service.transfer
 from db.index import IndexConfig, VectorIndex
 from db.migrate import upgrade
 from db.models import Embedding, Measurement
@@ -15,7 +18,7 @@ from embed.subgraph import Subgraph
 from service.crawl import crawl
 from service.embeddings import embed_subgraphs, fit_encoder, profiled_subgraphs
 from service.store import FAILED_LOSS, transfer_pairs
-from service.transfer import random_recipes, transfer_tune
+from service.transfer import Neighbour, random_recipes, transfer_tune
 from tests.service.conftest import synthetic_measurer
 from transforms.recipe import parse
 from transforms.space import RecipeSpace, default_recipe
@@ -57,6 +60,7 @@ def test_crawl_stores_searches_cross_table_and_profiles(tmp_path: Path, tiny_sub
         filled = transfer_tune(task, query.structural_hash, vector, session=session, index=index, device_id=1,
                                measurer=measurer, backend="cpu", k=3, exclude={query.structural_hash}, fill=True)
     (neighbour,) = result.neighbours  # one other subgraph of the same kind; the query itself is excluded
+    assert neighbour.newer_knobs == ()  # crawled with every knob its space has
     assert neighbour.structural_hash != query.structural_hash and neighbour.distance > 0
     assert result.tried[0].origin == "default" and result.tried[0].recipe == str(default_recipe(task.program))
     assert result.evaluations == len({t.recipe for t in result.tried}) <= 2
@@ -76,6 +80,29 @@ def test_crawl_stores_searches_cross_table_and_profiles(tmp_path: Path, tiny_sub
     assert [parse(t.recipe) for t in filled.tried if t.origin == "random"] == [
         r for r in random_recipes(RecipeSpace(task.program, "cpu"), 5, seed=0) if r not in tried][:2]
     assert filled.winner_s <= result.winner_s
+
+
+def test_fill_first_tries_the_knobs_a_stored_recipe_predates(monkeypatch: pytest.MonkeyPatch,
+                                                             tiny_subgraphs: list[Subgraph]) -> None:
+    query = tiny_subgraphs[0]
+    task = make_task(query)
+    space = RecipeSpace(task.program, "cpu")
+    knob = max((options for options in space.dims), key=len)[0].name  # the knob with the most values
+    adapted = space.legal(space.sample(random.Random(1)))
+    stored = ";".join(s for s in str(adapted).split(";") if not s.startswith(f"{knob}("))  # crawled before it
+    near = [Neighbour(1, "n", 0.5, stored, str(adapted), (), (knob,))]
+    monkeypatch.setattr(service.transfer, "neighbours", lambda *args, **kwargs: near)
+    result = transfer_tune(task, query.structural_hash, np.zeros(4), session=None, index=None,  # type: ignore[arg-type]
+                           device_id=1, measurer=synthetic_measurer(), backend="cpu", k=3, fill=True)
+    origins = [t.origin for t in result.tried]
+    variants = [parse(t.recipe) for t in result.tried if t.origin == "variant"]
+    assert origins.count("neighbour") == 1 and len(variants) == 2 and "random" not in origins
+    assert variants == [v for v in space.variants(adapted, {knob}) if v != space.default][:2]
+    assert all(sum(a != b for a, b in zip(v.steps, adapted.steps, strict=True)) == 1 for v in variants)
+    near[0] = Neighbour(1, "n", 0.5, str(adapted), str(adapted), ())  # no knob newer than it: random fill
+    result = transfer_tune(task, query.structural_hash, np.zeros(4), session=None, index=None,  # type: ignore[arg-type]
+                           device_id=1, measurer=synthetic_measurer(), backend="cpu", k=3, fill=True)
+    assert [t.origin for t in result.tried].count("random") == 2
 
 
 def _features(subgraph: Subgraph):  # noqa: ANN202

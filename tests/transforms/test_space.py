@@ -76,3 +76,19 @@ def test_cuda_defaults_follow_the_rows() -> None:
     assert threads(wide) == "threads(512)" and threads(gelu) == "threads(128)"  # long rows; pointwise rows
     assert threads(PROGRAMS["reduction"]()) == threads(PROGRAMS["layout"]()) == "threads(256)"
     assert "unroll(4)" in str(default_recipe(wide, "cuda")) and "unroll(1)" in str(default_recipe(wide, "cpu"))
+
+
+def test_variants_over_the_knobs_a_recipe_does_not_set() -> None:
+    program = lower(single("softmax", [("x", (64, 768), "float16")], (64, 768), "float16", axis=-1))
+    space = RecipeSpace(program, "cuda")
+    full = space.default
+    assert space.unset_knobs(full) == set()
+    older = Recipe(tuple(s for s in full.steps if s.name not in ("cache_hint", "persist")))
+    assert space.unset_knobs(older) == {"cache_hint", "persist"}
+    variants = space.variants(older, {"cache_hint"})
+    assert variants == [space.legal(parse(str(full).replace("cache_hint(none)", "cache_hint(stream)")))]
+    both = space.variants(older, {"cache_hint", "persist"})
+    changed = [next(b for a, b in zip(space.legal(older).steps, v.steps, strict=True)
+                    if a != b) for v in both]
+    assert sorted(map(str, changed[:2])) == ["cache_hint(stream)", "persist(2)"]  # each knob's first other value
+    assert [str(s) for s in changed[2:]] == ["persist(4)", "persist(8)"]
