@@ -719,7 +719,7 @@ class RowEmitter:
             loads, words = ([], self.ready[key]) if key in self.ready else load_words(
                 copy if shared else ptr, plan.vector * _VECTOR_DTYPES[buf.dtype] // 4, f"{name}w",
                 plan.streamed(buf) and not shared)
-            if copy and access.tensor not in self.fetched:
+            if copy and not shared:
                 loads += store_words(copy, words)
                 self.fetching.add(access.tensor)
             loads += [f"{name}[{j}] = {self.unpack(buf.dtype, words, j)};" for j in range(plan.vector)]
