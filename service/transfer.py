@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from db.index import VectorIndex
 from db.repositories.rankings import best_recipes, top_k_recipes
+from embed.errors import EmbedError
 from embed.ir import graph_from_json
 from embed.lower import lower
 from service.measure import Measurer
@@ -90,14 +91,24 @@ def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task
                   for row, _ in hits}
     out = []
     for row, distance in hits:
-        own = RecipeSpace(lower(graph_from_json(row.ir_json)), backend) if ranked[row.id] else None
+        own = _own_space(row.ir_json, backend) if ranked[row.id] else None
         for timing in ranked[row.id]:
             stored = parse(timing.recipe)
             recipe, changes = adapt(stored, task.program, backend)
-            if recipe and own is not None:
+            if recipe:
+                newer = tuple(sorted(own.unset_knobs(stored))) if own is not None else ()
                 out.append(Neighbour(row.id, row.structural_hash, distance, timing.recipe, str(recipe),
-                                     tuple(changes), tuple(sorted(own.unset_knobs(stored)))))
+                                     tuple(changes), newer))
     return out
+
+
+def _own_space(ir_json: str, backend: str) -> RecipeSpace | None:
+    """The recipe space of a stored subgraph; None where its document no longer loads (stored by an older IR
+    version): its recipes then get no variants."""
+    try:
+        return RecipeSpace(lower(graph_from_json(ir_json)), backend)
+    except EmbedError:
+        return None
 
 
 def random_recipes(space: RecipeSpace, n: int, *, seed: int) -> list[Recipe]:

@@ -103,6 +103,8 @@ def test_fill_first_tries_the_knobs_a_stored_recipe_predates(monkeypatch: pytest
     result = transfer_tune(task, query.structural_hash, np.zeros(4), session=None, index=None,  # type: ignore[arg-type]
                            device_id=1, measurer=synthetic_measurer(), backend="cpu", k=3, fill=True)
     assert [t.origin for t in result.tried].count("random") == 2
+    assert service.transfer._own_space('{"not": "a graph"}', "cpu") is None  # an old document: no variants
+    assert service.transfer._own_space(query.graph.to_json(), "cpu").dims == space.dims
 
 
 def _features(subgraph: Subgraph):  # noqa: ANN202
