@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -105,7 +106,8 @@ def cublas_gemm(launch: Launch) -> GemmCall:
 def cublaslt_matmul(launch: Launch) -> GemmCall:
     """``cublasLtMatmul`` with the heuristic's algorithm of rank ``algo`` on buffers A, B, C (written as D, in
     place) and the bias vector when ``bias`` is 1, with the scalars of :func:`cublas_gemm` plus epilogue, bias and
-    algo. RuntimeError when the heuristic offers fewer than ``algo + 1`` algorithms."""
+    algo. RuntimeError when the heuristic offers fewer than ``algo + 1`` algorithms. The call's descriptors are
+    freed when the call is (``call.destroyed``)."""
     lib, s = _library("cublasLt"), _scalars(launch)
     handle = _handle("cublasLt", "cublasLtCreate")
     workspace = _workspace()
@@ -117,37 +119,50 @@ def cublaslt_matmul(launch: Launch) -> GemmCall:
         size = ctypes.c_size_t(ctypes.sizeof(value))
         _check(getattr(lib, setter)(target, _c_int(attribute), ctypes.byref(value), size), setter)
 
-    desc = _ptr()
+    desc, layouts = _ptr(), []
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _c_int(s["compute"]),
                                         _c_int(CUDA_R_64F if double else CUDA_R_32F)), "cublasLtMatmulDescCreate")
-    set_attribute("cublasLtMatmulDescSetAttribute", desc, _TRANSA, ctypes.c_int32(s["trans_a"]))  # B: op N
-    set_attribute("cublasLtMatmulDescSetAttribute", desc, _EPILOGUE, ctypes.c_uint32(s["epilogue"]))
 
     def layout(dtype: int, rows: int, cols: int, ld: int, stride: int) -> ctypes.c_void_p:
         made = _ptr()
         _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(made), _c_int(dtype), _c_u64(rows), _c_u64(cols),
                                               _c_i64(ld)), "cublasLtMatrixLayoutCreate")
+        layouts.append(made)
         set_attribute("cublasLtMatrixLayoutSetAttribute", made, _BATCH_COUNT, ctypes.c_int32(s["batch"]))
         set_attribute("cublasLtMatrixLayoutSetAttribute", made, _BATCH_STRIDE, _c_i64(stride))
         return made
 
+    def algorithm() -> Any:
+        """The heuristic's algorithm of rank ``algo`` for these descriptors."""
+        preference = _ptr()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(preference)), "cublasLtMatmulPreferenceCreate")
+        try:
+            set_attribute("cublasLtMatmulPreferenceSetAttribute", preference, _MAX_WORKSPACE,
+                          _c_u64(workspace.nbytes))
+            found, count = (_Heuristic * LT_HEURISTICS)(), _c_int()
+            _check(lib.cublasLtMatmulAlgoGetHeuristic(handle, desc, layout_a, layout_b, layout_d, layout_d,
+                                                      preference, _c_int(LT_HEURISTICS), found,
+                                                      ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
+        finally:
+            lib.cublasLtMatmulPreferenceDestroy(preference)
+        if s["algo"] >= count.value:
+            raise RuntimeError(f"cuBLASLt offers {count.value} algorithms for this matmul, none of rank {s['algo']}")
+        return found[s["algo"]]
+
     m, n, k = s["m"], s["n"], s["k"]
     a_rows, a_cols = (k, m) if s["trans_a"] else (m, k)
-    layout_a = layout(s["type_a"], a_rows, a_cols, s["lda"], s["stride_a"])
-    layout_b = layout(s["type_b"], k, n, s["ldb"], s["stride_b"])
-    layout_d = layout(s["type_c"], m, n, s["ldc"], s["stride_c"])
-    preference = _ptr()
-    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(preference)), "cublasLtMatmulPreferenceCreate")
-    set_attribute("cublasLtMatmulPreferenceSetAttribute", preference, _MAX_WORKSPACE, _c_u64(workspace.nbytes))
-    if s["bias"]:  # the heuristic may look at the bias pointer's alignment: any 256-byte aligned one will do
-        set_attribute("cublasLtMatmulDescSetAttribute", desc, _BIAS_POINTER, _ptr(workspace.data.ptr))
-    found, count = (_Heuristic * LT_HEURISTICS)(), _c_int()
-    _check(lib.cublasLtMatmulAlgoGetHeuristic(handle, desc, layout_a, layout_b, layout_d, layout_d, preference,
-                                              _c_int(LT_HEURISTICS), found, ctypes.byref(count)),
-           "cublasLtMatmulAlgoGetHeuristic")
-    if s["algo"] >= count.value:
-        raise RuntimeError(f"cuBLASLt offers {count.value} algorithms for this matmul, none of rank {s['algo']}")
-    chosen = found[s["algo"]]
+    try:
+        set_attribute("cublasLtMatmulDescSetAttribute", desc, _TRANSA, ctypes.c_int32(s["trans_a"]))  # B: op N
+        set_attribute("cublasLtMatmulDescSetAttribute", desc, _EPILOGUE, ctypes.c_uint32(s["epilogue"]))
+        layout_a = layout(s["type_a"], a_rows, a_cols, s["lda"], s["stride_a"])
+        layout_b = layout(s["type_b"], k, n, s["ldb"], s["stride_b"])
+        layout_d = layout(s["type_c"], m, n, s["ldc"], s["stride_c"])
+        if s["bias"]:  # the heuristic may look at the bias pointer's alignment: any 256-byte aligned one will do
+            set_attribute("cublasLtMatmulDescSetAttribute", desc, _BIAS_POINTER, _ptr(workspace.data.ptr))
+        chosen = algorithm()
+    except BaseException:
+        _destroy_lt(lib, desc, layouts)
+        raise
 
     def call(grid: object, block: object, args: Sequence[Any], shared_mem: int = 0, stream: Any = None) -> None:
         a, b, d, *bias = _pointers(launch, args)
@@ -159,4 +174,12 @@ def cublaslt_matmul(launch: Launch) -> GemmCall:
             _ptr(stream.ptr),
         ), "cublasLtMatmul")
 
+    call.destroyed = weakref.finalize(call, _destroy_lt, lib, desc, layouts)  # type: ignore[attr-defined]
     return call
+
+
+def _destroy_lt(lib: ctypes.CDLL, desc: ctypes.c_void_p, layouts: list[ctypes.c_void_p]) -> None:
+    """Free a binding's cuBLASLt matmul descriptor and matrix layouts."""
+    for layout in layouts:
+        lib.cublasLtMatrixLayoutDestroy(layout)
+    lib.cublasLtMatmulDescDestroy(desc)

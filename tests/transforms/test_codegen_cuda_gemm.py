@@ -1,6 +1,7 @@
 """The gemm step: contraction matching, legal configurations, PTX for several tiles and odd shapes, and
 (gpu-marked) validation of every path against the float64 reference."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from transforms.compilers import cuda
 from transforms.contraction import LT_ALGOS, GemmConfig, VendorPlan, gemm_configs, match_contraction, vendor_plan
 from transforms.recipe import format as format_recipe
 from transforms.recipe import parse
+from transforms.run import Scalar
 from transforms.schedule import ScheduleError
 from transforms.space import RecipeSpace, default_recipe
 from transforms.transformation import apply_recipe
@@ -207,3 +209,21 @@ def test_gemm_kernels_validate_on_the_gpu(tmp_path: Path, case: int) -> None:
     (result,) = measure(graph, [recipe], tmp_path, backend="cuda")
     assert result.ok, result.error
     assert 0 < result.median_s < 1e-3
+
+
+@needs_gpu
+def test_a_cublaslt_binding_frees_its_descriptors_with_the_call() -> None:
+    import gc
+
+    from transforms.vendor_blas import cublaslt_matmul
+
+    (launch,) = generate(apply_recipe(parse("gemm(cublaslt,0)"), lower(tanh_mlp(64, 32, 48))), "cuda").launches
+    call = cublaslt_matmul(launch)
+    destroyed = call.destroyed
+    assert destroyed.alive
+    del call
+    gc.collect()
+    assert not destroyed.alive
+    args = tuple(replace(a, value=999) if isinstance(a, Scalar) and a.name == "algo" else a for a in launch.args)
+    with pytest.raises(RuntimeError, match="none of rank 999"):  # the descriptors are freed on the way out too
+        cublaslt_matmul(replace(launch, args=args))
