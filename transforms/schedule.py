@@ -10,7 +10,8 @@ the row loops may run in parallel. Roles in recipe steps (``tile(p1,4)``) name t
 Knobs (their meaning per backend is the code generator's): ``parallel`` row loops to collapse into one
 parallel loop, ``tiles`` of row dims (cpu: strip-mined, register-blocked in reductions; cuda: rows per
 thread), ``order`` of the row dims, ``vector`` width and ``unroll`` factor of innermost loops, ``reduce``
-strategy with its ``lanes``, the cuda launch shape ``threads`` / ``rows_per_block``, (cuda) ``row_depth``:
+strategy with its ``lanes`` (or, under ``reduce(split,S)``, its ``split``), the cuda launch shape ``threads`` /
+``rows_per_block``, (cuda) ``row_depth``:
 when set, a one-nest group keeps only its outer ``row_depth`` row dims and strides the rest across lanes, and
 (cuda) ``row_mode``: when set, row groups run as row kernels (``transforms.codegen.cuda_rows``), and (cuda)
 ``stage``: (tile, elements per thread), when set, strided pointwise nests go through shared-memory tiles
@@ -73,6 +74,7 @@ class Schedule:
     unroll: int = 1
     reduce: str = "serial"
     lanes: int = 1
+    split: int = 0  # (cuda) blocks sharing each row under reduce(split,S): S (transforms.codegen.cuda_split)
     threads: int = 0
     rows_per_block: int = 1
     row_depth: int = 0

@@ -117,7 +117,7 @@ def _split_shapes(program: LoopProgram) -> list[tuple[int, int]]:
 
 
 def generate_split(schedule: Schedule) -> Kernel:
-    """The launches running ``schedule`` under ``reduce(split,S)`` (S in ``schedule.lanes``; see the module doc)."""
+    """The launches running ``schedule`` under ``reduce(split,S)`` (S in ``schedule.split``; see the module doc)."""
     return _SplitGen(schedule).kernel()
 
 
@@ -152,7 +152,7 @@ def plan_split(schedule: Schedule, g: Group, offset: int) -> SplitPlan | None:
     while n % v:
         v //= 2
     total = -(-n // (threads * v))
-    chunks = -(-total // max(schedule.lanes, 1))
+    chunks = -(-total // max(schedule.split, 1))
     parts = -(-total // chunks)
     if parts < 2:
         return None

@@ -4,7 +4,7 @@ cpu: ``serial``; ``simd`` (``omp simd reduction``, reassociates); ``lanes,K`` (K
 cuda: ``thread`` (one thread per row), ``lanes,K`` (K lanes of a warp per row: short rows, sub-warp shuffles),
 ``warp`` (a warp per row, shuffle tree), ``block`` (the whole block per row: shuffles, then shared memory),
 ``split,S`` (each row cut across up to S blocks whose partials a later launch merges: few, long rows;
-``transforms.codegen.cuda_split``, S kept in the schedule's ``lanes``). ``split`` is offered only where every
+``transforms.codegen.cuda_split``, S in the schedule's ``split``). ``split`` is offered only where every
 reduction group is a row reduction under every fuse mode, with the S that suit its row count and length
 (``cuda_split.split_choices``); elsewhere its code generation is a ScheduleError.
 """
@@ -47,12 +47,13 @@ class Reduce(Transformation):
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         mode = expect_ident(step, 0, MODES["cpu"] + MODES["cuda"])
         if mode == "lanes":
-            return schedule.set(reduce=mode, lanes=expect_int(step, 1, sorted({*LANES["cpu"], *LANES["cuda"]})))
+            lanes = expect_int(step, 1, sorted({*LANES["cpu"], *LANES["cuda"]}))
+            return schedule.set(reduce=mode, lanes=lanes, split=0)
         if mode == "split":
-            return schedule.set(reduce=mode, lanes=expect_int(step, 1, SPLITS))
+            return schedule.set(reduce=mode, lanes=1, split=expect_int(step, 1, SPLITS))
         if len(step.args) > 1:
             raise ScheduleError(f"step {step}: reduce({mode}) takes no second argument")
-        return schedule.set(reduce=mode, lanes=1)
+        return schedule.set(reduce=mode, lanes=1, split=0)
 
 
 STEP = Reduce()
