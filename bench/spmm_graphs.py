@@ -24,8 +24,9 @@ from embed.ir import Graph
 from embed.lower import lower
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import signature
+from transforms.problem import tolerances
 from transforms.run import Problem
-from transforms.tune import Task, tolerances
+from transforms.tune import Task
 
 
 @dataclass(frozen=True, eq=False)

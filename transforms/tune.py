@@ -29,7 +29,6 @@ from transforms.build import Source, build
 from transforms.codegen import Kernel, generate
 from transforms.compilers import cuda
 from transforms.problem import described_problem, quantized_inputs
-from transforms.problem import tolerances as tolerances  # re-exported: bench.spmm_graphs and tests import it here
 from transforms.recipe import Recipe
 from transforms.reorder import chain_orders, chains, describe
 from transforms.results import RunResult

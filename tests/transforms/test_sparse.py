@@ -15,12 +15,13 @@ from transforms.codegen import generate
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import signature
 from transforms.compilers import cuda
+from transforms.problem import tolerances
 from transforms.recipe import parse
 from transforms.run import TOLERANCE, Problem, Worker
 from transforms.schedule import ScheduleError
 from transforms.space import RecipeSpace
 from transforms.transformation import apply_recipe
-from transforms.tune import Task, evaluator, tolerances
+from transforms.tune import Task, evaluator
 
 RECIPES = ("fuse(all);parallel(1);sparse(csr)", "fuse(all);parallel(1);sparse(csr,4)",
            "fuse(none);parallel(1);tile(p1,4);sparse(csr,8)", "fuse(all);parallel(1);sparse(ell,4)",

@@ -22,12 +22,13 @@ from transforms.codegen.cuda_spmm import match_sparse_product
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import signature
 from transforms.compilers import cuda
+from transforms.problem import tolerances
 from transforms.recipe import parse
 from transforms.run import Problem, Trial, Worker, run
 from transforms.schedule import ScheduleError
 from transforms.space import RecipeSpace
 from transforms.transformation import apply_recipe
-from transforms.tune import Task, evaluator, tolerances
+from transforms.tune import Task, evaluator
 
 COLS = 67
 GPU_RECIPES = ("sparse(merge,256,2);threads(128)", "sparse(merge,1024);threads(256)", "sparse(merge,7,4);threads(64)",
