@@ -5,22 +5,17 @@ The grid holds at most ``B`` blocks per SM (``cuda_rows.persistent_grid``) and `
 input words into registers while it reduces and writes the current one. For many short rows (8192 x 768), where
 a block per row group ends after one short load, reduce and store. Offered where ``row_mode`` is."""
 
-from embed.loopnest import LoopProgram
-from transforms.codegen.cuda_rows import has_row_groups
 from transforms.recipe import Step
 from transforms.schedule import Schedule
-from transforms.transformation import Transformation, expect_int
+from transforms.steps.row_kernel import RowKernelStep
+from transforms.transformation import expect_int
 
 BLOCKS = (0, 2, 4, 8)
 
 
-class Persist(Transformation):
+class Persist(RowKernelStep):
     name = "persist"
-
-    def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:
-        if backend != "cuda" or not has_row_groups(program):
-            return []
-        return [[Step("persist", (b,)) for b in BLOCKS]]
+    values = BLOCKS
 
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         return schedule.set(persist=expect_int(step, 0, BLOCKS))

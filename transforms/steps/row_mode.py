@@ -6,20 +6,16 @@ into one pass; ``stream`` streams every member; ``shared`` streams like ``online
 passes read again into shared memory on the first pass. Offered when some group of the fully fused program has
 row shape."""
 
-from embed.loopnest import LoopProgram
-from transforms.codegen.cuda_rows import MODES, has_row_groups
+from transforms.codegen.cuda_rows import MODES
 from transforms.recipe import Step
 from transforms.schedule import Schedule
-from transforms.transformation import Transformation, expect_ident
+from transforms.steps.row_kernel import RowKernelStep
+from transforms.transformation import expect_ident
 
 
-class RowMode(Transformation):
+class RowMode(RowKernelStep):
     name = "row_mode"
-
-    def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:
-        if backend != "cuda" or not has_row_groups(program):
-            return []
-        return [[Step("row_mode", (m,)) for m in MODES]]
+    values = MODES
 
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         return schedule.set(row_mode=expect_ident(step, 0, MODES))
