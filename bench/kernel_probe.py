@@ -1,6 +1,7 @@
-"""Experiment: where a memory-bound kernel's time goes. Each variant is a recipe's generated source, optionally
-rewritten (a math helper swapped, a conversion packed), validated against the reference and timed whole and launch
-by launch like every candidate (the worker's CUDA-graph replay over buffer copies past L2).
+"""Experiment: where a memory-bound kernel's time goes. Each variant is a recipe (with steps added) whose generated
+source is optionally rewritten (GELU made the identity, later kernels' loops fully unrolled), validated against the
+reference and timed whole and launch by launch like every candidate (the worker's CUDA-graph replay over buffer
+copies past L2). The committed results of earlier versions name their commits.
 
     python3 -m bench.kernel_probe --out DIR [--repeats 20]
 
@@ -28,22 +29,6 @@ from transforms.tune import make_task
 
 COPY_BYTES_PER_S = 4.22e12  # H200 read + write copy bandwidth measured by gpu_transforms.py
 
-EX2E = """__device__ static inline float k_ex2e(float x) {
-  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f)); return y;
-}
-"""
-
-
-# 16-byte accesses of the first input and of global outputs (not shared-memory rows)
-LOAD = re.compile(r"\*\(const uint4\*\)(\(\(const char\*\)\(b0 .*?\) \+ \d+\));")
-STORE = re.compile(r"\*\(uint4\*\)(\(\(char\*\)\(b\d+ .*?\) \+ \d+\)) = (make_uint4\(.*\));")
-
-
-def _before_helpers(code: str, helper: str) -> str:
-    at = code.index("__device__ static inline")
-    return code[:at] + helper + code[at:]
-
-
 def _in_kernels(code: str, old: str, new: str) -> str:
     at = code.index('extern "C"')
     return code[:at] + code[at:].replace(old, new)
@@ -56,9 +41,7 @@ def _full_unroll_after_first_kernel(code: str) -> str:
 
 REWRITES: dict[str, Callable[[str], str]] = {
     "gelu=identity": lambda code: _in_kernels(_in_kernels(code, "k_fgelu(", "("), "k_gelu(", "("),
-    "exp=ex2": lambda code: _before_helpers(_in_kernels(code, " expf(", " k_ex2e("), EX2E),
     "unroll=full-after-first": _full_unroll_after_first_kernel,
-    "stream-hints": lambda code: LOAD.sub(r"__ldcs((const uint4*)\1);", STORE.sub(r"__stcs((uint4*)\1, \2);", code)),
 }
 
 BIAS_GELU = "fuse(all);persist(0);row_depth(0);row_mode(registers);threads(128);unroll(4);vectorize(8)"
@@ -70,30 +53,34 @@ LN = ("fuse(all);reduce(block);persist(0);row_depth(0);row_mode(registers);rows_
       "vectorize(8)")
 SOFTMAX = ("fuse(all);reduce(block);persist(0);row_depth(0);row_mode(registers);rows_per_block(1);threads(512);"
            "unroll(4);vectorize(8)")
-GELU_VARIANTS = [(), ("gelu=identity",), ("stream-hints",)]
+GELU_VARIANTS = [(), ("gelu=identity",), ("cache_hint(stream)",)]
 PLAN: list[tuple[Case, str, list[tuple[str, ...]]]] = [
     (bias_gelu(8192, 3072), BIAS_GELU, GELU_VARIANTS),
     (bias_gelu(16384, 4096), BIAS_GELU, GELU_VARIANTS),
-    (cross_entropy(8192, 4096), CE, [(), ("unroll=full-after-first",), ("stream-hints", "unroll=full-after-first")]),
+    (cross_entropy(8192, 4096), CE,
+     [(), ("unroll=full-after-first",), ("cache_hint(stream)", "unroll=full-after-first")]),
     (cross_entropy(4096, 32000), CE_WIDE, [(), ("unroll=full-after-first",)]),
-    (layernorm(8192, 4096), LN, [(), ("stream-hints",)]),
-    (layernorm(8192, 768), LN, [(), ("stream-hints",)]),
-    (softmax(2048, 32000), SOFTMAX, [(), ("stream-hints",)]),
+    (layernorm(8192, 4096), LN, [(), ("cache_hint(stream)",)]),
+    (layernorm(8192, 768), LN, [(), ("cache_hint(stream)",)]),
+    (softmax(2048, 32000), SOFTMAX, [(), ("cache_hint(stream)",)]),
 ]
 
 
 def probe(case: Case, recipe: str, variants: list[tuple[str, ...]], repeats: int, cache: Path) -> list[dict[str, Any]]:
-    """One row per variant: median seconds whole and per launch, x bound, max relative error."""
+    """One row per variant (names of :data:`REWRITES` and recipe steps added to ``recipe``): median seconds whole
+    and per launch, x bound, max relative error."""
     task = make_task(case.graph)
-    kernel = generate(apply_recipe(parse(recipe), task.program), "cuda")
     bound = case.bytes / COPY_BYTES_PER_S
     rows = []
     for names in variants:
+        steps = [n for n in names if n not in REWRITES]
+        kernel = generate(apply_recipe(parse(";".join([recipe, *steps])), task.program), "cuda")
         code = kernel.code
         for name in names:
-            code = REWRITES[name](code)
+            code = REWRITES[name](code) if name in REWRITES else code
+        rewritten = any(n in REWRITES for n in names)
         row: dict[str, Any] = {"case": f"{case.family} {case.size}", "recipe": recipe, "variant": "+".join(names)
-                               or "generated", "changed": code != kernel.code or not names}
+                               or "generated", "changed": code != kernel.code or not rewritten}
         (built,) = build([Source(code, "cuda")], cache_dir=cache)
         if not built.ok:
             rows.append(row | {"failed": built.error[:300]})
