@@ -130,7 +130,7 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
     taken = {default, *given}
     wanted = k * per_neighbour - len(given) if fill else 0
     variants = [v for v in dict.fromkeys(v for n in near for v in space.variants(parse(n.recipe), n.newer_knobs))
-                if v not in taken][:max(wanted, 0)]
+                if v not in taken][:wanted] if wanted > 0 else []
     taken |= set(variants)
     wanted -= len(variants)
     drawn = [r for r in random_recipes(space, wanted + len(taken), seed=seed) if r not in taken][:wanted] \
