@@ -6,7 +6,8 @@ Neighbours often give fewer distinct candidates than they are asked for (two ada
 adapts to nothing, the database has no subgraph of the kind): with ``fill`` the remaining places of the
 ``k * per_neighbour`` candidates go first to the neighbours' recipes with each value of the knobs their own
 subgraph has but their stored recipe lacks (crawled before the knob existed: ``Neighbour.newer_knobs``), then to
-uniform random recipes
+the vendor library's own ranked alternatives (``RecipeSpace.vendor_ranked``: e.g. cuBLASLt's heuristic algorithms
+for a GEMM, chosen by NVIDIA's model of the device and compiling no kernel of ours), then to uniform random recipes
 (:func:`random_recipes`), so that k buys the same number of measurements whatever the neighbours hold.
 
     result = transfer_tune(task, key, vector, session=s, index=index, device_id=d, measurer=m, backend="cpu", k=5)
@@ -52,7 +53,7 @@ class Neighbour:
 class Tried:
     recipe: str
     result: RunResult
-    origin: str  # "default", "neighbour", "variant" or "random" (fill), or "local"
+    origin: str  # "default", "neighbour", "variant", "vendor" or "random" (fill), or "local"
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
                   seed: int = 0, per_neighbour: int = 1, fill: bool = False) -> TransferResult:
     """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``); each of
     the ``k`` neighbours gives its ``per_neighbour`` fastest recipes; with ``fill``, their variants over the knobs
-    they were stored without, then random recipes, make up the candidates the neighbours did not give."""
+    they were stored without, then vendor-ranked recipes, then random ones make up the candidates the neighbours did
+    not give."""
     near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude,
                       per_neighbour=per_neighbour)
     space = RecipeSpace(task.program, backend)
@@ -133,14 +135,17 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
                 if v not in taken][:wanted] if wanted > 0 else []
     taken |= set(variants)
     wanted -= len(variants)
+    vendor = [r for r in space.vendor_ranked() if r not in taken][:max(wanted, 0)]
+    taken |= set(vendor)
+    wanted -= len(vendor)
     drawn = [r for r in random_recipes(space, wanted + len(taken), seed=seed) if r not in taken][:wanted] \
         if wanted > 0 else []
-    searcher = create("given_candidates", space, candidates=[default, *given, *variants, *drawn],
+    searcher = create("given_candidates", space, candidates=[default, *given, *variants, *vendor, *drawn],
                       local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)
-    origins = ({r: "neighbour" for r in given} | {r: "variant" for r in variants} | {r: "random" for r in drawn}
-               | {default: "default"})
+    origins = ({r: "neighbour" for r in given} | {r: "variant" for r in variants} | {r: "vendor" for r in vendor}
+               | {r: "random" for r in drawn} | {default: "default"})
     tried = tuple(Tried(str(r), m, origins.get(r, "local")) for r, m in searcher.history)
     winner: tuple[Recipe, RunResult] = searcher.best or (default, base)
     return TransferResult(tuple(near), tried, str(winner[0]), winner[1].score, base.score)

@@ -34,7 +34,9 @@ class RecipeSpace:
     def __init__(self, program: LoopProgram, backend: str = "cpu") -> None:
         self.program = program
         self.backend = backend
-        dims = [g for choices in _applicable(program, backend).values() for g in choices]
+        applicable = _applicable(program, backend)
+        dims = [g for choices in applicable.values() for g in choices]
+        self._vendor = [s for name in applicable for s in lookup(name).vendor_ranked(program, backend)]
         self._product = ProductSpace(dims or [[Step("fuse", ("none",))]])
 
     @property
@@ -73,6 +75,11 @@ class RecipeSpace:
         others = [(n, k, choice) for k, options in enumerate(self.dims) if options[0].name in knobs
                   for n, choice in enumerate(c for c in options if c != base[k])]
         return [Recipe((*base[:k], choice, *base[k + 1:])) for _, k, choice in sorted(others, key=lambda o: o[:2])]
+
+    def vendor_ranked(self) -> list[Recipe]:
+        """The recipes that hand the program to a vendor library, in its heuristic's order
+        (``Transformation.vendor_ranked``; every other dimension as in the default)."""
+        return [self.legal(Recipe((step,))) for step in self._vendor]
 
     def mutate(self, recipe: Recipe, rng: random.Random) -> Recipe:
         return self._product.mutate(self.legal(recipe), rng)

@@ -43,6 +43,11 @@ class Transformation(ABC):
         (a default that depends on the shapes), or None to keep that."""
         return None
 
+    def vendor_ranked(self, program: LoopProgram, backend: str) -> list[Step]:
+        """Steps that hand the program to a vendor library, in the order of the library's own heuristic (its
+        first choice first); [] when there are none. No kernel of ours is compiled for them."""
+        return []
+
     def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
         """The legal step closest to ``step`` (itself when legal), or None when nothing fits."""
         groups = self.choices(program, backend)

@@ -13,6 +13,7 @@ from db.index import IndexConfig, VectorIndex
 from db.migrate import upgrade
 from db.models import Embedding, Measurement
 from db.session import Database
+from embed.builder import GraphBuilder
 from embed.features import static_features
 from embed.subgraph import Subgraph
 from service.crawl import crawl
@@ -20,6 +21,7 @@ from service.embeddings import embed_subgraphs, fit_encoder, profiled_subgraphs
 from service.store import FAILED_LOSS, transfer_pairs
 from service.transfer import Neighbour, random_recipes, transfer_tune
 from tests.service.conftest import synthetic_measurer
+from transforms.contraction import LT_ALGOS
 from transforms.recipe import parse
 from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import make_task
@@ -105,6 +107,27 @@ def test_fill_first_tries_the_knobs_a_stored_recipe_predates(monkeypatch: pytest
     assert [t.origin for t in result.tried].count("random") == 2
     assert service.transfer._own_space('{"not": "a graph"}', "cpu") is None  # an old document: no variants
     assert service.transfer._own_space(query.graph.to_json(), "cpu").dims == space.dims
+
+
+def test_fill_takes_the_vendor_libraries_ranking_before_random_recipes(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = GraphBuilder("matmul")
+    x, w = b.input("x", (64, 32), "float16"), b.param("w", (32, 48), "float16")
+    task = make_task(b.build([b.node("matmul", [x, w], (64, 48), "float16", name="out")]))
+    near = [Neighbour(1, "n", 0.5, "gemm(cublas)", "gemm(cublas)", ())]
+    monkeypatch.setattr(service.transfer, "neighbours", lambda *args, **kwargs: near)
+
+    def tried(k: int) -> list[tuple[str, str]]:
+        result = transfer_tune(task, "q", np.zeros(4), session=None, index=None,  # type: ignore[arg-type]
+                               device_id=1, measurer=synthetic_measurer(), backend="cuda", k=k, fill=True)
+        return [(t.origin, t.recipe) for t in result.tried]
+
+    # the default is cuBLASLt's first algorithm; its next ones fill the places the one neighbour leaves
+    assert tried(5) == [("default", "gemm(cublaslt,0)"), ("neighbour", "gemm(cublas)"),
+                        *[("vendor", f"gemm(cublaslt,{rank})") for rank in range(1, 5)]]
+    wide = tried(12)  # past the ranking: random recipes (generated kernels)
+    assert [origin for origin, _ in wide].count("vendor") == LT_ALGOS - 1
+    assert [origin for origin, _ in wide][-4:] == ["random"] * 4
+    assert all(recipe.startswith("gemm(mma,") for origin, recipe in wide if origin == "random")
 
 
 def _features(subgraph: Subgraph):  # noqa: ANN202

@@ -2,8 +2,9 @@
 low-level bindings; no GPU needed) or nvcc, cached on disk.
 
 A cubin for the GPU that will run it (:func:`device_arch`) saves the driver's PTX compile when the module loads
-(about 36 ms a kernel on an H200); PTX runs on any later GPU. NVRTC runs in the calling process and holds the GIL,
-so its compiles cannot be interrupted: ``timeout_s`` bounds nvcc only. ``load`` needs a GPU.
+(about 36 ms a kernel on an H200); PTX runs on any later GPU. NVRTC runs in the calling process; CuPy's binding
+releases the GIL while it compiles, so compiles on threads overlap (``bench/results/compile_probe_h200.json``), but
+they cannot be interrupted: ``timeout_s`` bounds nvcc only. ``load`` needs a GPU.
 """
 
 import functools

@@ -22,6 +22,10 @@ class Gemm(Transformation):
             return []
         return [[Step("gemm", config.args) for config in gemm_configs(contraction)]]
 
+    def vendor_ranked(self, program: LoopProgram, backend: str) -> list[Step]:
+        """cuBLASLt's algorithms in its heuristic's order, then cuBLAS."""
+        return [s for g in self.choices(program, backend) for s in g if s.args[0] in ("cublaslt", "cublas")]
+
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         path = expect_ident(step, 0, PATHS)
         if path == "cublas":
