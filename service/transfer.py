@@ -14,7 +14,7 @@ for a GEMM, chosen by NVIDIA's model of the device and compiling no kernel of ou
     result.winner, result.winner_s, result.evaluations, [(n.distance, n.changes) for n in result.neighbours]
 """
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,6 +117,25 @@ def random_recipes(space: RecipeSpace, n: int, *, seed: int) -> list[Recipe]:
     return RandomSearch(space, budget=n, seed=seed + 1).ask(n)
 
 
+def _fill(space: RecipeSpace, near: Sequence[Neighbour], taken: Collection[Recipe], wanted: int, *,
+          seed: int) -> dict[Recipe, str]:
+    """Up to ``wanted`` recipes not in ``taken``, each with its origin, in order: the neighbours' variants over the
+    knobs they were stored without, the vendor-ranked recipes, uniform random ones."""
+    sources: list[tuple[str, Callable[[], Iterable[Recipe]]]] = [
+        ("variant", lambda: (v for n in near for v in space.variants(parse(n.recipe), n.newer_knobs))),
+        ("vendor", space.vendor_ranked),
+        ("random", lambda: random_recipes(space, wanted + len(taken), seed=seed)),
+    ]
+    chosen: dict[Recipe, str] = {}
+    for origin, candidates in sources:
+        for recipe in candidates():
+            if len(chosen) >= wanted:
+                return chosen
+            if recipe not in taken and recipe not in chosen:
+                chosen[recipe] = origin
+    return chosen
+
+
 def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session, index: VectorIndex, device_id: int,
                   measurer: Measurer, backend: str, k: int = 5, local_budget: int = 0, exclude: Collection[str] = (),
                   seed: int = 0, per_neighbour: int = 1, fill: bool = False) -> TransferResult:
@@ -129,23 +148,12 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
     space = RecipeSpace(task.program, backend)
     default = space.default
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default]
-    taken = {default, *given}
-    wanted = k * per_neighbour - len(given) if fill else 0
-    variants = [v for v in dict.fromkeys(v for n in near for v in space.variants(parse(n.recipe), n.newer_knobs))
-                if v not in taken][:wanted] if wanted > 0 else []
-    taken |= set(variants)
-    wanted -= len(variants)
-    vendor = [r for r in space.vendor_ranked() if r not in taken][:max(wanted, 0)]
-    taken |= set(vendor)
-    wanted -= len(vendor)
-    drawn = [r for r in random_recipes(space, wanted + len(taken), seed=seed) if r not in taken][:wanted] \
-        if wanted > 0 else []
-    searcher = create("given_candidates", space, candidates=[default, *given, *variants, *vendor, *drawn],
-                      local_budget=local_budget, seed=seed)
+    filled = _fill(space, near, {default, *given}, k * per_neighbour - len(given), seed=seed) if fill else {}
+    searcher = create("given_candidates", space, candidates=[default, *given, *filled], local_budget=local_budget,
+                      seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)
-    origins = ({r: "neighbour" for r in given} | {r: "variant" for r in variants} | {r: "vendor" for r in vendor}
-               | {r: "random" for r in drawn} | {default: "default"})
+    origins = {r: "neighbour" for r in given} | filled | {default: "default"}
     tried = tuple(Tried(str(r), m, origins.get(r, "local")) for r, m in searcher.history)
     winner: tuple[Recipe, RunResult] = searcher.best or (default, base)
     return TransferResult(tuple(near), tried, str(winner[0]), winner[1].score, base.score)
