@@ -5,7 +5,8 @@ the optimum's stand-in where the space is too big to enumerate) and the best rec
 cross-applied to it. Then, for each held-out model, a fresh SQLite database holds only the *other* models'
 subgraphs, their searches and their cross-applications; each encoder is fitted there, the training subgraphs
 are embedded and indexed, and every held-out subgraph is transfer-tuned with k = 1, 3, 5, ... neighbours (never
-itself: a held-out subgraph that another model also has is excluded from its own neighbours). The same
+itself: a held-out subgraph that another model also has is excluded from its own neighbours). The ``oracle``
+(:data:`ORACLE`) takes, in place of an encoder's nearest, the neighbours whose recipes run fastest on it. The same
 subgraph is also tried with the default recipe, eager PyTorch and the best of k random recipes (measured before
 the folds, so that a run's bulk of kernels comes first).
 
@@ -13,15 +14,19 @@ The optimum of a subgraph is the fastest time measured on it by anything in the 
 ``Measurer``, so a run can be recorded and replayed exactly.
 """
 
+import functools
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from db.index import IndexConfig, VectorIndex
 from db.migrate import upgrade
+from db.repositories.rankings import best_recipes
 from db.session import Database
 from embed.encoders import FeatureSet, encoders
 from embed.importers import load_model
@@ -32,12 +37,17 @@ from service.crawl import baseline, best_of, cross_recipes, profile_vector, tune
 from service.embeddings import embed_subgraphs, fit_encoder
 from service.measure import Measurer
 from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
-from service.transfer import random_recipes, transfer_tune
+from service.transfer import Neighbour, neighbours, random_recipes, transfer_from
+from transforms.adapt import adapt
 from transforms.recipe import parse
 from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import Task, make_task
 
 Progress = Callable[[str], None]
+#: Not an encoder: ranks a held-out subgraph's neighbours by how fast their stored best recipes run on it, as a
+#: perfect encoder would. Without fill no encoder's transfer beats it; with fill it shows the headroom left to a
+#: better neighbour ranking (the fill after the best neighbours is the same).
+ORACLE = "oracle"
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,8 @@ class BenchConfig:
         if len(self.models) < 2:
             raise ValueError("leave-one-model-out needs at least 2 models")
         for name in self.encoders:
-            encoders.get(name)  # UnknownNameError lists the valid names
+            if name != ORACLE:
+                encoders.get(name)  # UnknownNameError lists the valid names
         if not self.ks or min(self.ks) < 1 or min(self.random_k) < 1:
             raise ValueError(f"k values must be >= 1, got {list(self.ks)} and {list(self.random_k)}")
         unknown = set(self.held_out or ()) - set(self.models)
@@ -182,6 +193,12 @@ class TransferBench:
         outcomes = {key: self._held_out(model, key, key in ids) for key in held}
         try:
             for name in self.config.encoders:
+                if name == ORACLE:
+                    for key in held:
+                        with database.scope() as session:
+                            ranked = self._oracle_ranking(key, session, device_id, ids)
+                        outcomes[key].transfer[name] = self._transfers(key, functools.partial(_first, ranked))
+                    continue
                 with database.scope() as session:
                     encoder = fit_encoder(session, name, device_id=device_id, subgraph_ids=list(ids.values()),
                                           backend=self.backend, seed=self.config.seed)
@@ -190,17 +207,34 @@ class TransferBench:
                 for key in held:
                     vector = encoder.encode(self._query_features(key, encoder.uses_profile))[0]
                     with database.scope() as session:
-                        outcomes[key].transfer[name] = {
-                            k: _summary(transfer_tune(
-                                self.tasks[key], key, vector, session=session, index=index, device_id=device_id,
-                                measurer=self.measurer, backend=self.backend, k=k,
-                                local_budget=self.config.local_budget, exclude={key}, seed=self.config.seed,
-                                per_neighbour=self.config.per_neighbour, fill=self.config.fill))
-                            for k in self.config.ks
-                        }
+                        near = functools.partial(neighbours, session, index, vector, task=self.tasks[key],
+                                                 device_id=device_id, backend=self.backend, exclude={key},
+                                                 per_neighbour=self.config.per_neighbour)
+                        outcomes[key].transfer[name] = self._transfers(key, near)
         finally:
             database.dispose()
         return list(outcomes.values())
+
+    def _transfers(self, key: str, near: Callable[..., Sequence[Neighbour]]) -> dict[int, dict[str, Any]]:
+        """Transfer-tune held-out subgraph ``key`` from ``near(k)`` for each k."""
+        c = self.config
+        return {k: _summary(transfer_from(self.tasks[key], key, near(k=k), measurer=self.measurer, backend=self.backend,
+                                          wanted=k * c.per_neighbour, local_budget=c.local_budget, seed=c.seed,
+                                          fill=c.fill))
+                for k in c.ks}
+
+    def _oracle_ranking(self, key: str, session: Session, device_id: int, ids: Mapping[str, int]) -> list[Neighbour]:
+        """Every training subgraph of the held-out subgraph's kind (``ids``: key -> row id) with the best recipe the
+        database holds for it, as ``neighbours`` gives them, fastest on the held-out subgraph first (each
+        neighbour's distance is that time in seconds)."""
+        task = self.tasks[key]
+        rows = {i: h for h, i in ids.items() if h != key and self.tasks[h].kind == task.kind}
+        stored = best_recipes(session, device_id=device_id, subgraph_ids=list(rows))
+        adapted = {i: str(adapt(parse(t.recipe), task.program, self.backend)[0]) for i, t in stored.items()}
+        adapted = {i: recipe for i, recipe in adapted.items() if recipe}
+        times = self.measurer.measure(task, key, [parse(r) for r in adapted.values()])
+        ranked = sorted(zip(adapted.items(), times, strict=True), key=lambda c: c[1].score)
+        return [Neighbour(i, rows[i], result.score, stored[i].recipe, recipe, ()) for (i, recipe), result in ranked]
 
     def _held_out(self, model: str, key: str, exact: bool) -> HeldOut:
         task = self.tasks[key]
@@ -225,6 +259,10 @@ class TransferBench:
         default = default_recipe(task.program, self.backend)
         scores = [r.score for r in self.measurer.measure(task, key, [default, *picks])]
         return {k: min(scores[: k + 1]) for k in ks}
+
+
+def _first(items: Sequence[Neighbour], k: int) -> Sequence[Neighbour]:
+    return items[:k]
 
 
 def _summary(result: Any) -> dict[str, Any]:

@@ -139,16 +139,23 @@ def _fill(space: RecipeSpace, near: Sequence[Neighbour], taken: Collection[Recip
 def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session, index: VectorIndex, device_id: int,
                   measurer: Measurer, backend: str, k: int = 5, local_budget: int = 0, exclude: Collection[str] = (),
                   seed: int = 0, per_neighbour: int = 1, fill: bool = False) -> TransferResult:
-    """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``); each of
-    the ``k`` neighbours gives its ``per_neighbour`` fastest recipes; with ``fill``, their variants over the knobs
-    they were stored without, then vendor-ranked recipes, then random ones make up the candidates the neighbours did
-    not give."""
+    """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``) from its
+    ``k`` nearest neighbours, each giving its ``per_neighbour`` fastest recipes (:func:`transfer_from`)."""
     near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude,
                       per_neighbour=per_neighbour)
+    return transfer_from(task, key, near, measurer=measurer, backend=backend, wanted=k * per_neighbour,
+                         local_budget=local_budget, seed=seed, fill=fill)
+
+
+def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
+                  local_budget: int = 0, seed: int = 0, fill: bool = False) -> TransferResult:
+    """Validate and time the default recipe and the neighbours' recipes on the task, keep the fastest; with
+    ``fill``, the neighbours' variants over the knobs they were stored without, then vendor-ranked recipes, then
+    random ones make up the ``wanted`` candidates the neighbours did not give."""
     space = RecipeSpace(task.program, backend)
     default = space.default
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default]
-    filled = _fill(space, near, {default, *given}, k * per_neighbour - len(given), seed=seed) if fill else {}
+    filled = _fill(space, near, {default, *given}, wanted - len(given), seed=seed) if fill else {}
     searcher = create("given_candidates", space, candidates=[default, *given, *filled], local_budget=local_budget,
                       seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))

@@ -2,7 +2,7 @@
 with the default recipe and random picks on a recorded cpu measurement table."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from service.bench_report import report_json, report_markdown, table
-from service.bench_transfer import BenchConfig, run_bench
+from service.bench_transfer import ORACLE, BenchConfig, run_bench
 from service.measure import (
     Checkpoint,
     MeasurementTable,
@@ -25,7 +25,9 @@ from transforms.run import Worker
 from tunebank.cli.bench import transfer_command
 
 DATA = Path(__file__).parent / "data"
-REAL = BenchConfig(models=("lm_head-h64-v256-t32", "cnn_head-c32-i7-b1", "gcn-n256-f32-d0.01"), budget=4, ks=(1, 2))
+ENCODERS = ("static", "static+profiled", "learned")
+REAL = BenchConfig(models=("lm_head-h64-v256-t32", "cnn_head-c32-i7-b1", "gcn-n256-f32-d0.01"), budget=4, ks=(1, 2),
+                   encoders=(*ENCODERS, ORACLE))
 
 
 def test_real_cpu_run_stopped_resumed_and_replayed_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,7 +50,7 @@ def test_real_cpu_run_stopped_resumed_and_replayed_exactly(tmp_path: Path, monke
     assert all(measurer.table.results[key][r] == v for key, done in partial.results.items() for r, v in done.items())
     assert len(outcomes) == 9 and {o.model for o in outcomes} == set(REAL.models)
     for o in outcomes:
-        assert set(o.transfer) == {"static", "static+profiled", "learned"} and set(o.random) == {1, 2}
+        assert set(o.transfer) == {*ENCODERS, ORACLE} and set(o.random) == {1, 2}
         for per_k in o.transfer.values():
             for k, t in per_k.items():
                 assert 1 <= t["evaluations"] <= k + 1 and len(t["neighbours"]) <= k
@@ -67,6 +69,13 @@ def test_real_cpu_run_stopped_resumed_and_replayed_exactly(tmp_path: Path, monke
     assert [asdict(o) for o in again] == [asdict(o) for o in outcomes]
     with pytest.raises(MissingMeasurementError, match="has no measurement"):
         run_bench(BenchConfig(models=REAL.models, budget=5, ks=(1,)), replay, workdir=tmp_path / "other")
+    # without fill, the neighbours ranked by their measured transfer bound every encoder, subgraph by subgraph
+    bounded = run_bench(replace(REAL, fill=False), replay, workdir=tmp_path / "no-fill")
+    assert replay.evaluations == 0
+    for o in bounded:
+        for k in REAL.ks:
+            assert o.transfer[ORACLE][k]["s"] <= min(o.transfer[e][k]["s"] for e in ENCODERS)
+    assert any(o.transfer[ORACLE][1]["s"] < o.transfer["static"][1]["s"] for o in bounded)
 
 
 def test_transfer_beats_default_and_random_picks_on_a_recorded_cpu_table() -> None:

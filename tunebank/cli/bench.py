@@ -88,7 +88,9 @@ def transfer_command(
     budget: Annotated[int, typer.Option(min=1, help="recipes searched per subgraph for the optimum")] = 32,
     k: Annotated[str, typer.Option("--k", help="neighbour counts, comma-separated")] = "1,3,5,10",
     random_k: Annotated[str, typer.Option("--random-k", help="random-baseline counts (default: --k)")] = "",
-    encoders: Annotated[str, typer.Option(help="comma-separated encoders")] = "static,static+profiled,learned",
+    encoders: Annotated[str, typer.Option(
+        help="comma-separated encoders; 'oracle' ranks neighbours by their measured transfer (the headroom)")] = (
+        "static,static+profiled,learned"),
     held_out: Annotated[str, typer.Option(help="models to hold out (default: each of --models)")] = "",
     local_budget: Annotated[int, typer.Option(min=0, help="local-search recipes after transfer")] = 0,
     per_neighbour: Annotated[int, typer.Option(min=1, help="recipes each neighbour gives (its fastest)")] = 1,
