@@ -29,10 +29,10 @@ class Source:
 def build(sources: Sequence[Source], *, cache_dir: Path, jobs: int = 4, timeout_s: float = 60.0) -> list[BuildResult]:
     """Compile ``sources`` with ``jobs`` threads; each compile is bounded by ``timeout_s``.
 
-    Compiler processes (cc, nvcc) run in parallel and are killed at the timeout; NVRTC compiles run in
-    parallel too (8 tensor-core GEMM kernels: 4x faster on 8 threads than on one, on an H200 machine) but cannot
-    be interrupted. A failure is a BuildResult with
-    ``error_kind`` "compile" or "timeout"; nothing is raised for a bad source.
+    Compiler processes (cc, nvcc) run in parallel and are killed at the timeout; NVRTC compiles run in parallel
+    too (8 tensor-core GEMM kernels: 4x faster on 8 threads than on one, on an H200 machine) but cannot be
+    interrupted. A failure is a BuildResult with ``error_kind`` "compile" or "timeout"; nothing is raised for a
+    bad source.
     """
 
     def one(source: Source) -> BuildResult:

@@ -36,7 +36,7 @@ class RecipeSpace:
         self.backend = backend
         applicable = _applicable(program, backend)
         dims = [g for choices in applicable.values() for g in choices]
-        self._vendor = [s for name in applicable for s in lookup(name).vendor_ranked(program, backend)]
+        self._transformations = list(applicable)
         self._product = ProductSpace(dims or [[Step("fuse", ("none",))]])
 
     @property
@@ -79,7 +79,8 @@ class RecipeSpace:
     def vendor_ranked(self) -> list[Recipe]:
         """The recipes that hand the program to a vendor library, in its heuristic's order
         (``Transformation.vendor_ranked``; every other dimension as in the default)."""
-        return [self.legal(Recipe((step,))) for step in self._vendor]
+        return [self.legal(Recipe((step,))) for name in self._transformations
+                for step in lookup(name).vendor_ranked(self.program, self.backend)]
 
     def mutate(self, recipe: Recipe, rng: random.Random) -> Recipe:
         return self._product.mutate(self.legal(recipe), rng)
