@@ -64,6 +64,14 @@ def timed_with_parts(artifact: str, launches: list[Launch], problem: Problem, re
     return row
 
 
+def save(out: Path, stem: str, rows: list[dict[str, Any]], text: str) -> None:
+    """Write ``rows`` to ``out/stem.json`` and the report ``text`` to ``out/stem.md``, and print the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+    (out / f"{stem}.md").write_text(text)
+    print(text)
+
+
 def cells(row: dict[str, Any]) -> tuple[str, str]:
     """The markdown cells "parts (ms)" and "max rel err" of a timed row."""
     parts = ", ".join(f"{p * 1e3:.4f}" if p else "-" for p in row.get("parts", []))
@@ -132,10 +140,7 @@ def main() -> None:
                   "rows": probe(case, recipes, args.repeats, cache)}
         print(json.dumps(result), flush=True)
         results.append(result)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gemm_probe.json").write_text(json.dumps(results, indent=1))
-    (args.out / "gemm_probe.md").write_text(markdown(results))
-    print(markdown(results))
+    save(args.out, "gemm_probe", results, markdown(results))
 
 
 if __name__ == "__main__":

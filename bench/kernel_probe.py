@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.gemm_probe import cells, timed_with_parts
+from bench.gemm_probe import cells, save, timed_with_parts
 from bench.gpu_transforms import Case, bias_gelu, cross_entropy, layernorm, softmax
 from transforms.build import Source, build
 from transforms.codegen import generate
@@ -116,10 +116,7 @@ def main() -> None:
     families = set(filter(None, args.only.split(",")))
     rows = [row for case, recipe, variants in PLAN if not families or case.family in families
             for row in probe(case, recipe, variants, args.repeats, cache)]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernel_probe.json").write_text(json.dumps(rows, indent=1))
-    (args.out / "kernel_probe.md").write_text(markdown(rows))
-    print(markdown(rows))
+    save(args.out, "kernel_probe", rows, markdown(rows))
 
 
 if __name__ == "__main__":

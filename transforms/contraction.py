@@ -22,6 +22,7 @@ from embed.ir import DType
 from embed.loopnest import Access, Affine, BufferKind, Call, Combiner, Dim, Load, LoopNest, LoopProgram, walk
 
 PATHS = ("mma", "simt", "cublas", "cublaslt")
+VENDOR_PATHS = ("cublaslt", "cublas")  # a vendor GEMM, then our epilogue kernel
 MMA_DTYPES = (DType.FLOAT16, DType.BFLOAT16)
 VENDOR_DTYPES = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)  # operand types of the vendor paths
 LT_ALGOS = 8  # cublaslt: ranks of the cuBLASLt heuristic's algorithms in the search space
@@ -127,7 +128,7 @@ class GemmConfig:
         return 0
 
     def legal(self, c: Contraction) -> bool:
-        if self.path in ("cublas", "cublaslt"):
+        if self.path in VENDOR_PATHS:
             lt = self.path == "cublaslt"
             return (0 <= self.algo < LT_ALGOS if lt else self.algo == 0) and vendor_plan(c, fold=lt) is not None
         if self.path not in PATHS or min(self.tile_m, self.tile_n, self.tile_k, self.warps, self.swizzle) < 1:

@@ -6,7 +6,7 @@ and relu or tanh-gelu itself) or ``cublas`` (cuBLAS's default). See
 :class:`~transforms.contraction.GemmConfig` for the parameters."""
 
 from embed.loopnest import LoopProgram
-from transforms.contraction import LT_ALGOS, PATHS, GemmConfig, gemm_configs, match_contraction
+from transforms.contraction import LT_ALGOS, PATHS, VENDOR_PATHS, GemmConfig, gemm_configs, match_contraction
 from transforms.recipe import Step
 from transforms.schedule import Schedule, ScheduleError
 from transforms.transformation import Transformation, expect_ident, expect_int
@@ -24,7 +24,7 @@ class Gemm(Transformation):
 
     def vendor_ranked(self, program: LoopProgram, backend: str) -> list[Step]:
         """cuBLASLt's algorithms in its heuristic's order, then cuBLAS."""
-        return [s for g in self.choices(program, backend) for s in g if s.args[0] in ("cublaslt", "cublas")]
+        return [s for g in self.choices(program, backend) for s in g if s.args[0] in VENDOR_PATHS]
 
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         path = expect_ident(step, 0, PATHS)
