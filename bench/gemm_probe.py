@@ -3,6 +3,9 @@ validated, next to PyTorch's mm, addmm, addmm + gelu and gelu alone, for the mat
 ``gpu_transforms.py``. Timed like every candidate (the worker's CUDA-graph replay over buffer copies past L2).
 
     python3 -m bench.gemm_probe --out DIR [--recipes "gemm(cublas);gemm(cublaslt,0)"] [--repeats 20]
+        [--cases 8x512x1000:float32,256x1024x1024:float32] [--split-k]
+
+``--split-k`` also runs each ``mma`` / ``simt`` recipe under every split-K its case allows.
 
 Writes ``gemm_probe.md`` and ``gemm_probe.json`` into DIR.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +24,9 @@ import numpy as np
 from bench.gpu_transforms import Case, matmul_bias_gelu
 from transforms.build import Source, build
 from transforms.codegen import generate
-from transforms.contraction import LT_ALGOS
+from transforms.contraction import LT_ALGOS, SPLIT_K, match_contraction
 from transforms.eager_cuda import graph_replay_seconds
-from transforms.recipe import parse
+from transforms.recipe import Recipe, Step, parse
 from transforms.run import Launch, Problem, to_float
 from transforms.transformation import apply_recipe
 from transforms.tune import make_task
@@ -96,6 +100,21 @@ def torch_rows(m: int, k: int, n: int, dtype: str, repeats: int) -> dict[str, fl
     return {name: graph_replay_seconds(fn, inputs, dtypes, repeats=repeats) for name, fn in fns.items()}
 
 
+def with_splits(case: Case, recipes: list[str]) -> list[str]:
+    """``recipes``, each generated-kernel one followed by itself under every split-K legal for ``case``."""
+    program = make_task(case.graph).program
+    contraction = match_contraction(program)
+    assert contraction is not None
+    out = []
+    for text in recipes:
+        out.append(text)
+        config = apply_recipe(parse(text), program).gemm
+        if config is not None and config.path in ("mma", "simt"):
+            out += [str(Recipe((Step("gemm", replace(config, split=s).args),))) for s in SPLIT_K[1:]
+                    if replace(config, split=s).legal(contraction)]
+    return out
+
+
 def probe(case: Case, recipes: list[str], repeats: int, cache: Path) -> list[dict[str, Any]]:
     task = make_task(case.graph)
     problem = task.problem
@@ -130,14 +149,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--recipes", default=";".join(RECIPES), help="gemm steps separated by ';'")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--cases", help="MxKxN:dtype,... (default: the matmul+bias+gelu cases of gpu_transforms)")
+    parser.add_argument("--split-k", action="store_true", help="also each mma/simt recipe under every legal split-K")
     args = parser.parse_args()
     recipes = [r for r in args.recipes.split(";") if r]
+    cases = CASES if not args.cases else [(*map(int, size.split("x")), dtype) for size, dtype in
+                                          (c.split(":") for c in args.cases.split(","))]
     results = []
     cache = Path(tempfile.mkdtemp())
-    for m, k, n, dtype in CASES:
+    for m, k, n, dtype in cases:
         case = matmul_bias_gelu(m, k, n, dtype)
+        tried = with_splits(case, recipes) if args.split_k else recipes
         result = {"case": f"{m}x{k}x{n} {dtype}", "torch": torch_rows(m, k, n, dtype, args.repeats),
-                  "rows": probe(case, recipes, args.repeats, cache)}
+                  "rows": probe(case, tried, args.repeats, cache)}
         print(json.dumps(result), flush=True)
         results.append(result)
     save(args.out, "gemm_probe", results, markdown(results))

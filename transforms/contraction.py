@@ -81,8 +81,10 @@ class GemmConfig:
     cores), ``cublas`` (cuBLAS's default GEMM, then one epilogue kernel) or ``cublaslt`` (the cuBLASLt
     algorithm of heuristic rank ``algo``, applying what it can of the epilogue, then one kernel for the rest;
     see :func:`vendor_plan`). Block tile ``tile_m x tile_n`` stepping ``tile_k`` along k, ``warps`` per block,
-    ``stages`` shared-memory buffers (cp.async pipeline depth; simt: 1), and ``swizzle``: blocks are
-    rasterised in groups of that many tile rows (L2 reuse of B)."""
+    ``stages`` shared-memory buffers (cp.async pipeline depth; simt: 1), ``swizzle``: blocks are rasterised in
+    groups of that many tile rows (L2 reuse of B), and ``split`` (split-K): the k tiles are cut into that many
+    parts of at least :data:`MIN_SPLIT_TILES` tiles, each a block of its own writing partial sums, and a second
+    kernel adds them and applies the epilogue (more blocks where the output has few tiles and k is long)."""
 
     path: str
     tile_m: int = 0
@@ -92,6 +94,7 @@ class GemmConfig:
     stages: int = 0
     swizzle: int = 1
     algo: int = 0
+    split: int = 1
 
     @property
     def args(self) -> tuple[str | int, ...]:
@@ -99,7 +102,15 @@ class GemmConfig:
             return (self.path,)
         if self.path == "cublaslt":
             return (self.path, self.algo)
-        return (self.path, self.tile_m, self.tile_n, self.tile_k, self.warps, self.stages, self.swizzle)
+        tiles = (self.path, self.tile_m, self.tile_n, self.tile_k, self.warps, self.stages, self.swizzle)
+        return (*tiles, self.split) if self.split > 1 else tiles  # recipes stored before split-K stay valid
+
+    def k_tiles(self, c: Contraction) -> int:
+        return -(-c.k // self.tile_k)
+
+    def k_part(self, c: Contraction) -> int:
+        """k tiles in each split-K part (the last may hold fewer)."""
+        return -(-self.k_tiles(c) // self.split)
 
     @property
     def threads(self) -> int:
@@ -130,8 +141,12 @@ class GemmConfig:
     def legal(self, c: Contraction) -> bool:
         if self.path in VENDOR_PATHS:
             lt = self.path == "cublaslt"
-            return (0 <= self.algo < LT_ALGOS if lt else self.algo == 0) and vendor_plan(c, fold=lt) is not None
+            return ((0 <= self.algo < LT_ALGOS if lt else self.algo == 0) and self.split == 1
+                    and vendor_plan(c, fold=lt) is not None)
         if self.path not in PATHS or min(self.tile_m, self.tile_n, self.tile_k, self.warps, self.swizzle) < 1:
+            return False
+        if self.split != 1 and (self.split not in SPLIT_K or self.k_part(c) < MIN_SPLIT_TILES
+                                or -(-self.k_tiles(c) // self.k_part(c)) != self.split):  # no part left empty
             return False
         if self.shared_bytes(c) > MAX_SHARED_BYTES:
             return False
@@ -155,6 +170,8 @@ def _compute(c: Contraction) -> DType:
 MMA_TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
 SIMT_TILES = ((32, 32), (32, 64), (64, 32), (64, 64), (32, 128), (128, 32), (64, 128), (128, 64), (128, 128))
 SWIZZLES = (1, 4, 8)  # tile rows per raster group
+SPLIT_K = (1, 2, 3, 4, 6, 8, 12, 16)  # parts the k tiles are cut into
+MIN_SPLIT_TILES = 2  # k tiles a split-K part holds at least
 
 
 def gemm_configs(c: Contraction) -> list[GemmConfig]:
@@ -163,12 +180,12 @@ def gemm_configs(c: Contraction) -> list[GemmConfig]:
     tile at fp32: ``bench/results/gemm_probe_h200.md``), else the generated kernels' default (mma for fp16/bf16
     operands, simt otherwise); then the generated tiles, cuBLASLt's other ranks, cuBLAS."""
     if c.tensor_cores:
-        grid = product(MMA_TILES, (32, 64), (4, 8), (2, 3, 4), SWIZZLES)
-        found = [GemmConfig("mma", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
+        grid = product(MMA_TILES, (32, 64), (4, 8), (2, 3, 4), SWIZZLES, SPLIT_K)
+        found = [GemmConfig("mma", tm, tn, tk, w, s, g, split=p) for (tm, tn), tk, w, s, g, p in grid]
         generated = GemmConfig("mma", 128, 128, 32, 4, 3, 8)
     else:
-        grid = product(SIMT_TILES, (8, 16, 32), (1, 2, 4, 8), (1,), SWIZZLES)
-        found = [GemmConfig("simt", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
+        grid = product(SIMT_TILES, (8, 16, 32), (1, 2, 4, 8), (1,), SWIZZLES, SPLIT_K)
+        found = [GemmConfig("simt", tm, tn, tk, w, s, g, split=p) for (tm, tn), tk, w, s, g, p in grid]
         generated = GemmConfig("simt", 64, 64, 16, 4, 1, 8)
     lt = [GemmConfig("cublaslt", algo=r) for r in range(LT_ALGOS)]
     first = lt[0] if lt[0].legal(c) and _compute(c) == DType.FLOAT32 else generated

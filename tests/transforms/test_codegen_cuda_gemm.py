@@ -14,7 +14,15 @@ from tests.transforms.kernels import single
 from transforms.build import Source, build
 from transforms.codegen import generate
 from transforms.compilers import cuda
-from transforms.contraction import LT_ALGOS, GemmConfig, VendorPlan, gemm_configs, match_contraction, vendor_plan
+from transforms.contraction import (
+    LT_ALGOS,
+    SPLIT_K,
+    GemmConfig,
+    VendorPlan,
+    gemm_configs,
+    match_contraction,
+    vendor_plan,
+)
 from transforms.recipe import format as format_recipe
 from transforms.recipe import parse
 from transforms.run import Scalar
@@ -102,17 +110,34 @@ def test_configs_default_first_all_legal_vendor_last() -> None:
     assert GemmConfig("mma", 128, 128, 32, 4, 3, 8).shared_bytes(half) == 2 * 3 * (128 * 40 + 32 * 136)
 
 
+def test_split_k_parts_hold_at_least_two_k_tiles_and_none_is_empty() -> None:
+    c = match_contraction(lower(linear(33, 130, 29, "float32")))  # 17 k tiles of 8
+    assert c is not None
+    simt = GemmConfig("simt", 32, 32, 8, 4, 1, 1)
+    legal = [s for s in SPLIT_K if replace(simt, split=s).legal(c)]
+    assert legal == [1, 2, 3, 4, 6]  # 8: parts of 3 tiles make 6, not 8; 12, 16: parts of 2 make 9
+    assert (replace(simt, split=3).k_part(c), replace(simt, split=3).args) == (6, ("simt", 32, 32, 8, 4, 1, 1, 3))
+    assert not replace(simt, split=5).legal(c)  # not an offered split
+    assert not GemmConfig("cublaslt", split=2).legal(c)  # the libraries split k themselves
+    configs = gemm_configs(c)
+    assert {g.split for g in configs} == set(legal) and len(configs) == len(set(configs))
+
+
 def test_the_step_is_in_the_cuda_space_and_checks_its_arguments() -> None:
     program = lower(linear(64, 40, 48))
     assert str(default_recipe(program, "cuda")) == "gemm(cublaslt,0)"
     assert apply_recipe(parse("gemm(mma,64,128,64,8,4,1)"), program).gemm == GemmConfig("mma", 64, 128, 64, 8, 4, 1)
     assert apply_recipe(parse("gemm(cublas)"), program).gemm == GemmConfig("cublas")
     assert apply_recipe(parse("gemm(cublaslt,3)"), program).gemm == GemmConfig("cublaslt", algo=3)
+    long_k = lower(linear(64, 256, 48))
+    assert apply_recipe(parse("gemm(mma,64,64,32,4,3,1,4)"), long_k).gemm == GemmConfig("mma", 64, 64, 32, 4, 3, 1,
+                                                                                         split=4)
     (space,) = RecipeSpace(program, "cuda").dims
     for text in ("gemm(cublaslt,3)", "gemm(cublas)", "gemm(mma,64,128,64,8,4,1)"):  # stored strings round-trip
         assert format_recipe(parse(text)) == text and set(parse(text)) <= set(space)
     for bad in ("gemm(mma,64,64)", "gemm(simt,64,64,16,4,2,8)", "gemm(tiled)", "gemm(cublas,1)", "gemm(cublaslt)",
-                f"gemm(cublaslt,{LT_ALGOS})", "gemm(cublaslt,1,2)"):
+                f"gemm(cublaslt,{LT_ALGOS})", "gemm(cublaslt,1,2)", "gemm(mma,64,64,32,4,3,1,1)",
+                "gemm(mma,64,64,32,4,3,1,2)"):  # split 1 is written without it; 40 k has no two parts of 2 tiles
         with pytest.raises(ScheduleError):
             apply_recipe(parse(bad), program)
 
@@ -184,6 +209,14 @@ CASES = [  # (graph, recipe, what the PTX must hold)
     (linear(33, 40, 29, "float32"), "gemm(simt,32,32,32,4,1,4)", ("fma.rn.f32",)),
     (linear(70, 24, 130, "float32", act="relu"), "gemm(simt,32,128,8,4,1,1)", ("fma.rn.f32",)),  # rectangular
     (bmm(2, 40, 36, 20, "float32"), "gemm(simt,32,32,8,1,1,8)", ("fma.rn.f32",)),  # one warp
+    # split-K: parts of k, then the sum of the parts and the epilogue (vector loads where the rows allow)
+    (linear(64, 256, 48), "gemm(mma,64,64,32,4,3,1,4)", (".entry tb_gemm_sum", "ld.global.v4.u32")),
+    (linear(70, 132, 50), "gemm(mma,64,64,32,4,2,8,2)", (".entry tb_gemm_sum", "ld.global.v2.u32")),  # rows of 50
+    (linear(40, 256, 24, "bfloat16", transpose_b=True, batch=(2, 3), residual=True), "gemm(mma,64,64,32,4,2,4,3)",
+     ("bf16",)),  # 8 k tiles in parts of 3, 3 and 2
+    (two_outputs(64, 256, 48), "gemm(mma,64,64,64,4,2,1,2)", ("st.global.v4.u32",)),
+    (linear(33, 130, 29, "float32", act="relu"), "gemm(simt,32,32,8,4,1,1,3)", ("fma.rn.f32",)),  # 17 k tiles
+    (bmm(3, 20, 100, 40, "float64"), "gemm(simt,32,32,8,2,1,1,2)", ("fma.rn.f64",)),
 ]
 
 

@@ -9,7 +9,10 @@ tiles, the next tile prefetched into registers while the current one is used; ev
 strided ``rows x cols`` patch (conflict-free shared reads, coalesced stores), summing each k tile apart
 before adding it in (fp32 rounding error then stays within the 1e-4 tolerance at k = 1024). Both rasterise
 blocks in groups of ``swizzle`` tile rows, run batches on grid z, and apply the epilogue nests to each
-accumulator before its predicated store. ``cublas`` / ``cublaslt``: a library launch (``Launch.library``,
+accumulator before its predicated store. Under split-K (``GemmConfig.split`` = S > 1) grid z also runs the S
+parts of k: each block stores its raw sums to a float32 (fp64: double) scratch ``[S, batch, m, n]``, and a second
+kernel adds the S partials of each element in a fixed order (deterministic: no atomics) and applies the epilogue,
+as the vendor paths' epilogue kernel does. ``cublas`` / ``cublaslt``: a library launch (``Launch.library``,
 see ``transforms.vendor_blas``) writes the product, cuBLASLt with what it can apply of the epilogue (bias,
 relu, tanh-gelu), where ``transforms.contraction.vendor_plan`` says (an output, in place, when one fits);
 then one elementwise kernel applies the rest, each thread on several elements of a row (vector loads and
@@ -27,14 +30,15 @@ from embed.loopnest import Access, BufferKind
 from transforms.codegen.cuda import CUDA_HEAD
 from transforms.codegen.expr import STORAGE_C, Env, Printer, extents, prelude
 from transforms.codegen.kernel import Kernel, compute_dtype, cuda_consts, cuda_params
-from transforms.codegen.signature import signature
+from transforms.codegen.signature import Signature, signature
 from transforms.contraction import PAD, Contraction, GemmConfig, Operand, VendorPlan, match_contraction, vendor_plan
-from transforms.run import Launch, Scalar
+from transforms.run import Buffer, Launch, Scalar
 from transforms.schedule import Schedule, ScheduleError
 
 MAX_GRID_Z = 65535
 EPILOGUE_THREADS = 256
-VECTOR_BYTES = 16  # what a thread of the vendor paths' epilogue kernel loads or stores of its narrowest buffer
+VECTOR_BYTES = 16  # what a thread of the epilogue kernel loads or stores of its narrowest buffer
+PARTIALS = "@split_k"  # the split-K scratch buffer's key in the kernel signature's names
 #: cudaDataType_t of each dtype; cublasComputeType_t 32F and 64F.
 _CUDA_TYPE = {DType.FLOAT16: 2, DType.BFLOAT16: 14, DType.FLOAT32: 0, DType.FLOAT64: 1}
 _COMPUTE_32F, _COMPUTE_64F = 68, 70
@@ -104,8 +108,9 @@ def generate_gemm(schedule: Schedule) -> Kernel:
         raise ScheduleError("gemm: the program is not a matmul followed by pointwise nests over its output")
     if not config.legal(contraction):
         raise ScheduleError(f"gemm{config.args}: not a legal configuration for this contraction")
-    if math.prod(contraction.batch) > MAX_GRID_Z:
-        raise ScheduleError(f"gemm: {math.prod(contraction.batch)} batches exceed the grid's z limit {MAX_GRID_Z}")
+    if math.prod(contraction.batch) * config.split > MAX_GRID_Z:
+        raise ScheduleError(f"gemm: {math.prod(contraction.batch)} batches x {config.split} split-K parts exceed "
+                            f"the grid's z limit {MAX_GRID_Z}")
     return _GemmGen(contraction, config).kernel()
 
 
@@ -136,6 +141,11 @@ class _GemmGen:
                         for n, b in program.buffers.items()}
         self.helpers: list[str] = []
         self.lines: list[str] = []
+        self.bodies: list[tuple[Launch, str]] = []  # finished kernels: their launch and body
+        if g.split > 1:
+            name = f"b{len(self.sig.args)}"
+            scratch = Buffer(name, (g.split * self.elements,), compute.value, "scratch")
+            self.sig = Signature({**self.sig.names, PARTIALS: name}, (*self.sig.args, scratch), self.sig.consts)
 
     def name(self, buffer: str) -> str:
         return self.sig.names[buffer]
@@ -149,32 +159,42 @@ class _GemmGen:
     def kernel(self) -> Kernel:
         head = [CUDA_HEAD, prelude(self.ctype, "__device__ static inline")]
         head += cuda_consts(self.sig, self.buffers, self.ctype)
-        sig = self.sig
+        sig, g = self.sig, self.g
         launches: list[Launch] = []
-        grid = (self.tiles_m * self.tiles_n, 1, math.prod(self.c.batch))
-        if self.g.path == "mma":
-            self.mma()
-            launches.append(Launch("tb_gemm", sig.args, grid, (self.g.threads, 1, 1), self.g.shared_bytes(self.c)))
-        elif self.g.path == "simt":
-            self.simt()
-            launches.append(Launch("tb_gemm", sig.args, grid, (self.g.threads, 1, 1)))
+        if g.path in ("mma", "simt"):
+            self.mma() if g.path == "mma" else self.simt()
+            grid = (self.tiles_m * self.tiles_n, 1, math.prod(self.c.batch) * g.split)
+            shared = g.shared_bytes(self.c) if g.path == "mma" else 0
+            launches.append(self.finish(Launch("tb_gemm", sig.args, grid, (g.threads, 1, 1), shared)))
+            if g.split > 1:
+                blocks = self.rest(0, False, self.name(PARTIALS), compute_dtype(self.c.program), g.split)
+                launches.append(self.finish(Launch("tb_gemm_sum", sig.args, (blocks, 1, 1), (EPILOGUE_THREADS, 1, 1))))
         else:
-            plan = vendor_plan(self.c, fold=self.g.path == "cublaslt")
+            plan = vendor_plan(self.c, fold=g.path == "cublaslt")
             if plan is None:
-                raise ScheduleError(f"gemm({self.g.path}): the library cannot take these operand types")
+                raise ScheduleError(f"gemm({g.path}): the library cannot take these operand types")
             launches.append(self.vendor(plan))
             # the epilogue kernel keeps intermediate values in registers: no scratch but the library's output
             sig = replace(sig, args=tuple(a for a in sig.args if a.kind != "scratch" or a.name == self.name(plan.out)))
-            blocks = self.rest(plan)
-            if blocks:
-                launches.append(Launch("tb_gemm", sig.args, (blocks, 1, 1), (EPILOGUE_THREADS, 1, 1)))
+            written = plan.folded > 0 or self.c.program.nests[0].statement.epilogue is None
+            if not written or plan.folded < len(self.c.program.nests) - 1:
+                blocks = self.rest(plan.folded, written, self.name(plan.out), plan.dtype)
+                launches.append(self.finish(Launch("tb_gemm", sig.args, (blocks, 1, 1), (EPILOGUE_THREADS, 1, 1))))
         params = cuda_params(sig, self.buffers, self.ctype)
-        body = ""
-        if self.lines:
-            threads = launches[-1].block[0]
-            body = (f'extern "C" __global__ void __launch_bounds__({threads}) tb_gemm({params}) {{\n'
-                    + "\n".join(self.lines) + "\n}\n")
-        return Kernel("cuda", "\n".join(head + self.helpers) + "\n" + body, tuple(launches))
+        bodies = [f'extern "C" __global__ void __launch_bounds__({launch.block[0]}) {launch.entry}({params}) {{\n'
+                  f"{body}\n}}\n" for launch, body in self.bodies]
+        return Kernel("cuda", "\n".join(head + self.helpers) + "\n" + "".join(bodies), tuple(launches))
+
+    def finish(self, launch: Launch) -> Launch:
+        """Close the kernel emitted into ``lines`` as ``launch``'s entry."""
+        self.bodies.append((launch, "\n".join(self.lines)))
+        self.lines = []
+        return launch
+
+    @property
+    def elements(self) -> int:
+        """Elements of the output domain: batches x m x n."""
+        return math.prod(self.c.batch) * self.c.m * self.c.n
 
     @property
     def tiles_m(self) -> int:
@@ -187,7 +207,8 @@ class _GemmGen:
     # -- shared pieces ----------------------------------------------------------------------
 
     def block_origin(self) -> None:
-        """Bind ``m0``, ``n0`` (grouped rasterisation), the batch digits ``z<i>`` and operand base pointers."""
+        """Bind ``m0``, ``n0`` (grouped rasterisation), the batch digits ``z<i>`` and operand base pointers; under
+        split-K also the part ``k_split``, its first k tile ``kt0`` and its tile count ``nkt``."""
         g, c = self.g, self.c
         width = g.swizzle * self.tiles_n
         self.line("const int pid = blockIdx.x;")
@@ -195,7 +216,14 @@ class _GemmGen:
         self.line(f"const int gsz = min({self.tiles_m} - first, {g.swizzle});")
         self.line(f"const idx_t m0 = (idx_t)(first + pid % {width} % gsz) * {g.tile_m};")
         self.line(f"const idx_t n0 = (idx_t)(pid % {width} / gsz) * {g.tile_n};")
-        self.batch_digits("(idx_t)blockIdx.z")
+        if g.split == 1:
+            self.batch_digits("(idx_t)blockIdx.z")
+        else:
+            part = g.k_part(c)
+            self.line(f"const int k_split = blockIdx.z % {g.split}, kt0 = k_split * {part};")
+            self.line(f"const int nkt = min({part}, {g.k_tiles(c)} - kt0);")
+            self.line(f"const idx_t zb = (idx_t)blockIdx.z / {g.split};")
+            self.batch_digits("zb")
         for label, op in (("A", c.a), ("B", c.b)):
             offset = " + ".join(f"z{i} * {s}LL" for i, s in enumerate(op.batch) if s) or "0"
             ctype = STORAGE_C[self.buffers[op.buffer].dtype]
@@ -208,11 +236,26 @@ class _GemmGen:
             rest = f"({rest} / {extent})"
 
     def epilogue(self) -> None:
-        """Define ``k_epi(row, col, acc)``: the matmul's epilogue and every later nest for one element."""
+        """Define ``k_epi(row, col, acc)``: the matmul's epilogue and every later nest for one element; under
+        split-K, the store of the part's sum to the scratch (the second kernel applies the epilogue)."""
         self.line(f"auto k_epi = [&](idx_t row, idx_t col, {self.ctype} acc) {{")
-        for text in self.nests(0, False, _store):
-            self.line("  " + text)
+        if self.g.split == 1:
+            for text in self.nests(0, False, _store):
+                self.line("  " + text)
+        else:
+            c = self.c
+            at = f"(k_split * {math.prod(c.batch)} + zb) * {c.m * c.n} + row * {c.n} + col"
+            self.line(f"  {self.name(PARTIALS)}[{at}] = acc;")
         self.line("};")
+
+    def k_tile(self, index: str) -> str:
+        """The k tile of the part's tile ``index`` (k tiles are numbered from the part's first under split-K)."""
+        return f"(idx_t){index}" if self.g.split == 1 else f"(idx_t)(kt0 + {index})"
+
+    @property
+    def k_count(self) -> str:
+        """The k tiles this block walks: all, or its split-K part's ``nkt``."""
+        return str(self.g.k_tiles(self.c)) if self.g.split == 1 else "nkt"
 
     def nests(self, first: int, written: bool, store: Store) -> list[str]:
         """Lines computing ``v<k>`` for nest ``first`` (from ``acc``: the raw product when ``first`` is 0, else that
@@ -283,13 +326,14 @@ class _GemmGen:
                       f" + wn * {wtn} + (lane >> 4) * 8);")
         b_step_n, b_step_k = (16 * ldb, 1) if c.b_k_major else (16, ldb)
         ldm_b = "k_ldm4" if c.b_k_major else "k_ldm4t"
-        kt = -(-c.k // tk)
-        self.line(_unrolled(("s", stages - 1)) + f" {{ if (s < {kt}) load(s, (idx_t)s * {tk}); k_commit(); }}")
+        kt = self.k_count
+        first_tiles = f" {{ if (s < {kt}) load(s, {self.k_tile('s')} * {tk}); k_commit(); }}"
+        self.line(_unrolled(("s", stages - 1)) + first_tiles)
         self.line(f"for (int kt = 0; kt < {kt}; kt++) {{")
         self.line(f"  k_wait<{stages - 2}>();")
         self.line("  __syncthreads();")
         self.line(f"  const int next = kt + {stages - 1};")
-        self.line(f"  if (next < {kt}) load(next % {stages}, (idx_t)next * {tk});")
+        self.line(f"  if (next < {kt}) load(next % {stages}, {self.k_tile('next')} * {tk});")
         self.line("  k_commit();")
         self.line(f"  const int stage = kt % {stages};")
         self.line(f"  const unsigned as = sa0 + stage * {2 * a_stage} + a_lane;")
@@ -365,10 +409,10 @@ class _GemmGen:
         else:
             self.stash("rb", lb, "Bs[r][q]", ("r = e / {tn}", "q = e % {tn}"))
         self.line("};")
-        kt = -(-c.k // tk)
-        self.line("fetch(0); stash(); __syncthreads();")
+        kt = self.k_count
+        self.line(f"fetch({'0' if g.split == 1 else f'(idx_t)kt0 * {tk}'}); stash(); __syncthreads();")
         self.line(f"for (int kt = 0; kt < {kt}; kt++) {{")
-        self.line(f"  if (kt + 1 < {kt}) fetch((idx_t)(kt + 1) * {tk});")
+        self.line(f"  if (kt + 1 < {kt}) fetch({self.k_tile('(kt + 1)')} * {tk});")
         self.line(f"  {t} part[{rows}][{cols}];  // per-tile partial sums: error grows with k / tile_k, not k")
         self.line("  " + _unrolled(("i", rows), ("j", cols)) + " part[i][j] = 0;")
         self.line(f"  #pragma unroll\n  for (int kk = 0; kk < {tk}; kk++) {{")
@@ -428,38 +472,37 @@ class _GemmGen:
             buffers += [arg[self.name(plan.bias)]] if plan.bias else []
         return Launch(entry, (*buffers, *(Scalar(k, v, "int64") for k, v in scalars.items())), library=entry)
 
-    def rest(self, plan: VendorPlan) -> int:
-        """Emit the kernel applying the epilogue nests the library left to ``plan.out``'s values; its grid size, or
-        0 when nothing is left. A thread takes ``width`` consecutive elements of a row (:data:`VECTOR_BYTES` of the
-        narrowest of ``plan.out`` and the outputs it stores; one or two vector loads or stores each) where the row
-        length and the dtypes allow, else one element."""
+    def rest(self, first: int, written: bool, source: str, dtype: DType, parts: int = 1) -> int:
+        """Emit the kernel applying epilogue nests ``first``.. to the values in ``source`` (of ``dtype``; the sum of
+        its ``parts`` consecutive slices of the output domain's size, in order); ``written``: nest ``first``'s
+        output holds them already. Returns its grid size. A thread takes ``width`` consecutive elements of a row
+        (:data:`VECTOR_BYTES` of the narrowest of ``source`` and the outputs it stores; one or two vector loads or
+        stores each) where the row length and the dtypes allow, else one element."""
         c = self.c
-        nests = c.program.nests
-        first = plan.folded
-        written = first > 0 or nests[0].statement.epilogue is None
-        if written and first == len(nests) - 1:
-            return 0
-        stored = [n.statement.write.tensor for n in nests[first + int(written):]]
+        stored = [n.statement.write.tensor for n in c.program.nests[first + int(written):]]
         outputs = [b for b in stored if self.buffers[b].kind == BufferKind.OUTPUT]
-        sizes = {self.buffers[b].dtype.itemsize for b in (plan.out, *outputs)}
+        sizes = {dtype.itemsize} | {self.buffers[b].dtype.itemsize for b in outputs}
         fits = [w for w in (8, 4, 2) if w * min(sizes) <= VECTOR_BYTES and w * min(sizes) % 4 == 0 and c.n % w == 0]
         width = fits[0] if fits and sizes <= {2, 4} else 1
-        total = math.prod(c.batch) * c.m * c.n
+        total = self.elements
         self.line(f"const idx_t e = ((idx_t)blockIdx.x * {EPILOGUE_THREADS} + threadIdx.x) * {width};")
         self.line(f"if (e >= {total}) return;")
         self.line(f"const idx_t row = e / {c.n} % {c.m};")
         self.batch_digits(f"(e / {c.m * c.n})")
-        source = self.name(plan.out)
+        slices = [f"{source} + {p * total}LL" if p else source for p in range(parts)]
         if width == 1:
             self.line(f"const idx_t col = e % {c.n};")
-            self.line(f"const {self.ctype} acc = {self.load_as(plan.dtype, f'{source}[e]')};")
+            value = " + ".join(self.load_as(dtype, f"({at})[e]" if p else f"{at}[e]") for p, at in enumerate(slices))
+            self.line(f"const {self.ctype} acc = {value};")
             for text in self.nests(first, written, _store):
                 self.line(text)
             return -(-total // EPILOGUE_THREADS)
         self.helpers.append(_VECTOR_IO)
-        words = width * self.buffers[plan.out].dtype.itemsize // 4
-        self.line(f"unsigned d[{words}];")
-        self.line(_vector_io("ld", source, "d", words))
+        words = width * dtype.itemsize // 4
+        loaded = [f"d{p}" if parts > 1 else "d" for p in range(parts)]
+        for at, d in zip(slices, loaded, strict=True):
+            self.line(f"unsigned {d}[{words}];")
+            self.line(_vector_io("ld", at, d, words))
         for b in outputs:
             self.line(f"float o_{self.name(b)}[{width}];")
 
@@ -468,7 +511,7 @@ class _GemmGen:
 
         self.line(_unrolled(("i", width)) + " {")
         self.line(f"  const idx_t col = e % {c.n} + i;")
-        self.line(f"  const {self.ctype} acc = {_unpack(plan.dtype, 'd')};")
+        self.line(f"  const {self.ctype} acc = {' + '.join(_unpack(dtype, d) for d in loaded)};")
         for text in self.nests(first, written, keep):
             self.line("  " + text)
         self.line("}")

@@ -1,12 +1,21 @@
-"""``gemm(mma|simt,tile_m,tile_n,tile_k,warps,stages,swizzle)``, ``gemm(cublaslt,algo)``, ``gemm(cublas)`` (cuda):
-run a contraction (a matmul with a pointwise epilogue, ``transforms.contraction``) as one GEMM kernel with the
-epilogue fused: ``mma`` (tensor cores, fp16/bf16) or ``simt`` (CUDA cores, fp32/fp64); or as a vendor GEMM
-then an epilogue kernel: ``cublaslt`` (the cuBLASLt heuristic's algorithm of rank ``algo``, taking the bias
-and relu or tanh-gelu itself) or ``cublas`` (cuBLAS's default). See
+"""``gemm(mma|simt,tile_m,tile_n,tile_k,warps,stages,swizzle[,split])``, ``gemm(cublaslt,algo)``, ``gemm(cublas)``
+(cuda): run a contraction (a matmul with a pointwise epilogue, ``transforms.contraction``) as one GEMM kernel with
+the epilogue fused: ``mma`` (tensor cores, fp16/bf16) or ``simt`` (CUDA cores, fp32/fp64), or under split-K
+(``split`` > 1) as that kernel over parts of k, then one that adds the parts and applies the epilogue; or as a
+vendor GEMM then an epilogue kernel: ``cublaslt`` (the cuBLASLt heuristic's algorithm of rank ``algo``, taking the
+bias and relu or tanh-gelu itself) or ``cublas`` (cuBLAS's default). See
 :class:`~transforms.contraction.GemmConfig` for the parameters."""
 
 from embed.loopnest import LoopProgram
-from transforms.contraction import LT_ALGOS, PATHS, VENDOR_PATHS, GemmConfig, gemm_configs, match_contraction
+from transforms.contraction import (
+    LT_ALGOS,
+    PATHS,
+    SPLIT_K,
+    VENDOR_PATHS,
+    GemmConfig,
+    gemm_configs,
+    match_contraction,
+)
 from transforms.recipe import Step
 from transforms.schedule import Schedule, ScheduleError
 from transforms.transformation import Transformation, expect_ident, expect_int
@@ -37,10 +46,12 @@ class Gemm(Transformation):
                 raise ScheduleError(f"step {step}: gemm(cublaslt) takes the algorithm's heuristic rank")
             config = GemmConfig(path, algo=expect_int(step, 1, range(LT_ALGOS)))
         else:
-            if len(step.args) != 7:
-                raise ScheduleError(f"step {step}: gemm({path}) takes tile_m, tile_n, tile_k, warps, stages, swizzle")
+            if len(step.args) not in (7, 8):
+                raise ScheduleError(f"step {step}: gemm({path}) takes tile_m, tile_n, tile_k, warps, stages, swizzle"
+                                    " and optionally split")
             tm, tn, tk, warps, stages, swizzle = (expect_int(step, i) for i in range(1, 7))
-            config = GemmConfig(path, tm, tn, tk, warps, stages, swizzle)
+            split = expect_int(step, 7, SPLIT_K[1:]) if len(step.args) == 8 else 1
+            config = GemmConfig(path, tm, tn, tk, warps, stages, swizzle, split=split)
         contraction = match_contraction(schedule.program)
         if contraction is None or not config.legal(contraction):
             raise ScheduleError(f"step {step}: not a legal gemm configuration for this program")
