@@ -64,6 +64,7 @@ class BenchConfig:
     per_neighbour: int = 1  # recipes each neighbour gives (its fastest)
     fill: bool = True  # random recipes make up the candidates the neighbours did not give
     seed: int = 0
+    encoder_seed: int | None = None  # seed of the trained encoders (default: seed); the measurements do not use it
 
     def __post_init__(self) -> None:
         if len(self.models) < 2:
@@ -80,6 +81,10 @@ class BenchConfig:
     @property
     def random_k(self) -> tuple[int, ...]:
         return self.random_ks or self.ks
+
+    @property
+    def training_seed(self) -> int:
+        return self.seed if self.encoder_seed is None else self.encoder_seed
 
 
 @dataclass
@@ -201,7 +206,7 @@ class TransferBench:
                     continue
                 with database.scope() as session:
                     encoder = fit_encoder(session, name, device_id=device_id, subgraph_ids=list(ids.values()),
-                                          backend=self.backend, seed=self.config.seed)
+                                          backend=self.backend, seed=self.config.training_seed)
                     index_key = embed_subgraphs(session, encoder, device_id=device_id, subgraph_ids=list(ids.values()))
                 index = VectorIndex.open(database, index_key, self.workdir / f"index{fold}", IndexConfig("Flat"))
                 for key in held:

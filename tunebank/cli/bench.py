@@ -100,6 +100,8 @@ def transfer_command(
         "evolutionary"),
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per kernel (median)")] = 10,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    encoder_seed: Annotated[int | None, typer.Option(
+        help="seed of the learned encoder's training (default: --seed); a replay can vary it alone")] = None,
     cpu_threads: Annotated[int, typer.Option(min=0, help="OpenMP threads for cpu kernels (0: leave as is)")] = 0,
     replay: Annotated[Path | None, typer.Option(help="replay the measurements of an earlier JSON report")] = None,
     resume: Annotated[Path | None, typer.Option(help="continue from a checkpoint (or report): measure only what "
@@ -122,7 +124,8 @@ def transfer_command(
         config = BenchConfig(models=_csv(models), backend=backend, budget=budget,
                              ks=tuple(int(v) for v in _csv(k)), random_ks=tuple(int(v) for v in _csv(random_k)) or None,
                              encoders=_csv(encoders), held_out=_csv(held_out) or None, strategy=strategy,
-                             local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed)
+                             local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed,
+                             encoder_seed=encoder_seed)
     except (ValueError, UnknownNameError) as e:
         fail(str(e))
     if cpu_threads:
