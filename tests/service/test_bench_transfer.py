@@ -105,10 +105,13 @@ def test_cli_replays_a_recording(tmp_path: Path) -> None:
     out = tmp_path / "r"
     result = CliRunner().invoke(app, [
         "--models", ",".join(recording["models"]), "--budget", "16", "--k", "1,3,5", "--encoders", "static",
-        "--held-out", "lm_head-h128-v512-t64", "--replay", str(DATA / "transfer_cpu_replay.json"), "--out", str(out)])
+        "--held-out", "lm_head-h128-v512-t64", "--replay", str(DATA / "transfer_cpu_replay.json"), "--out", str(out),
+        "--encoder-seed", "3"])
     assert result.exit_code == 0, result.output
     report = json.loads(out.with_suffix(".json").read_text())
     assert len(report["held_out"]) == 2 and report["kernels_run"] == 0
+    assert (report["config"]["seed"], report["config"]["encoder_seed"]) == (0, 3)  # the measurements keep seed 0
+    assert (replace(REAL, seed=2).training_seed, replace(REAL, seed=2, encoder_seed=0).training_seed) == (2, 0)
     assert "| transfer | static | 5 |" in out.with_suffix(".md").read_text()
     bad = CliRunner().invoke(app, ["--models", "a", "--replay", "x.json"])
     assert bad.exit_code == 2 and "at least 2 models" in bad.output
