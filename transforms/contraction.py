@@ -32,6 +32,7 @@ LT_EPILOGUES = {(False, None): 1, (False, "relu"): 2, (True, None): 4, (True, "r
 #: Dynamic shared memory a block may use (H100/H200 allow 227 KB per block after opting in).
 MAX_SHARED_BYTES = 227 * 1024
 PAD = 8  # elements of padding per shared-memory row: ldmatrix rows land on distinct banks
+MAX_GRID_Z = 65535  # blocks along grid z: batches x split-K parts
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,8 @@ class GemmConfig:
         if self.path not in PATHS or min(self.tile_m, self.tile_n, self.tile_k, self.warps, self.swizzle) < 1:
             return False
         if self.split != 1 and (self.split not in SPLIT_K or self.k_part(c) < MIN_SPLIT_TILES
-                                or -(-self.k_tiles(c) // self.k_part(c)) != self.split):  # no part left empty
+                                or -(-self.k_tiles(c) // self.k_part(c)) != self.split  # no part left empty
+                                or math.prod(c.batch) * self.split > MAX_GRID_Z):
             return False
         if self.shared_bytes(c) > MAX_SHARED_BYTES:
             return False
@@ -178,7 +180,8 @@ def gemm_configs(c: Contraction) -> list[GemmConfig]:
     """Legal configurations for ``c``, the default first: cuBLASLt's first choice where cuBLASLt runs ``c`` in
     float32 arithmetic (on an H200, 2.5 to 3 times faster than mma tiles at fp16/bf16, and faster than every simt
     tile at fp32: ``bench/results/gemm_probe_h200.md``), else the generated kernels' default (mma for fp16/bf16
-    operands, simt otherwise); then the generated tiles, cuBLASLt's other ranks, cuBLAS."""
+    operands, simt otherwise); then the generated tiles (each under every legal split-K), cuBLASLt's other ranks,
+    cuBLAS."""
     if c.tensor_cores:
         grid = product(MMA_TILES, (32, 64), (4, 8), (2, 3, 4), SWIZZLES, SPLIT_K)
         found = [GemmConfig("mma", tm, tn, tk, w, s, g, split=p) for (tm, tn), tk, w, s, g, p in grid]

@@ -121,6 +121,9 @@ def test_split_k_parts_hold_at_least_two_k_tiles_and_none_is_empty() -> None:
     assert not GemmConfig("cublaslt", split=2).legal(c)  # the libraries split k themselves
     configs = gemm_configs(c)
     assert {g.split for g in configs} == set(legal) and len(configs) == len(set(configs))
+    many = match_contraction(lower(bmm(5000, 8, 256, 8, "float32")))  # 32 k tiles; grid z holds 65535 blocks
+    assert many is not None
+    assert replace(simt, split=8).legal(many) and not replace(simt, split=16).legal(many)  # 80,000 > 65,535
 
 
 def test_the_step_is_in_the_cuda_space_and_checks_its_arguments() -> None:

@@ -31,11 +31,19 @@ from transforms.codegen.cuda import CUDA_HEAD
 from transforms.codegen.expr import STORAGE_C, Env, Printer, extents, prelude
 from transforms.codegen.kernel import Kernel, compute_dtype, cuda_consts, cuda_params
 from transforms.codegen.signature import Signature, signature
-from transforms.contraction import PAD, Contraction, GemmConfig, Operand, VendorPlan, match_contraction, vendor_plan
+from transforms.contraction import (
+    MAX_GRID_Z,
+    PAD,
+    Contraction,
+    GemmConfig,
+    Operand,
+    VendorPlan,
+    match_contraction,
+    vendor_plan,
+)
 from transforms.run import Buffer, Launch, Scalar
 from transforms.schedule import Schedule, ScheduleError
 
-MAX_GRID_Z = 65535
 EPILOGUE_THREADS = 256
 VECTOR_BYTES = 16  # what a thread of the epilogue kernel loads or stores of its narrowest buffer
 PARTIALS = "@split_k"  # the split-K scratch buffer's key in the kernel signature's names
@@ -108,9 +116,8 @@ def generate_gemm(schedule: Schedule) -> Kernel:
         raise ScheduleError("gemm: the program is not a matmul followed by pointwise nests over its output")
     if not config.legal(contraction):
         raise ScheduleError(f"gemm{config.args}: not a legal configuration for this contraction")
-    if math.prod(contraction.batch) * config.split > MAX_GRID_Z:
-        raise ScheduleError(f"gemm: {math.prod(contraction.batch)} batches x {config.split} split-K parts exceed "
-                            f"the grid's z limit {MAX_GRID_Z}")
+    if math.prod(contraction.batch) > MAX_GRID_Z:  # (split-K parts are legal only while they fit as well)
+        raise ScheduleError(f"gemm: {math.prod(contraction.batch)} batches exceed the grid's z limit {MAX_GRID_Z}")
     return _GemmGen(contraction, config).kernel()
 
 
