@@ -169,7 +169,10 @@ class _GemmGen:
         sig, g = self.sig, self.g
         launches: list[Launch] = []
         if g.path in ("mma", "simt"):
-            self.mma() if g.path == "mma" else self.simt()
+            if g.path == "mma":
+                self.mma()
+            else:
+                self.simt()
             grid = (self.tiles_m * self.tiles_n, 1, math.prod(self.c.batch) * g.split)
             shared = g.shared_bytes(self.c) if g.path == "mma" else 0
             launches.append(self.finish(Launch("tb_gemm", sig.args, grid, (g.threads, 1, 1), shared)))
