@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from embed.ir import DType
@@ -106,6 +106,13 @@ class GemmConfig:
         tiles = (self.path, self.tile_m, self.tile_n, self.tile_k, self.warps, self.stages, self.swizzle)
         return (*tiles, self.split) if self.split > 1 else tiles  # recipes stored before split-K stay valid
 
+    def split_legal(self, c: Contraction) -> bool:
+        """``split`` is 1, or an offered split-K cutting the k tiles into that many parts of at least
+        :data:`MIN_SPLIT_TILES` (none empty) whose blocks fit grid z beside the batches. The tile is not checked."""
+        return self.split == 1 or (self.split in SPLIT_K and self.k_part(c) >= MIN_SPLIT_TILES
+                                   and -(-self.k_tiles(c) // self.k_part(c)) == self.split
+                                   and math.prod(c.batch) * self.split <= MAX_GRID_Z)
+
     def k_tiles(self, c: Contraction) -> int:
         return -(-c.k // self.tile_k)
 
@@ -146,11 +153,7 @@ class GemmConfig:
                     and vendor_plan(c, fold=lt) is not None)
         if self.path not in PATHS or min(self.tile_m, self.tile_n, self.tile_k, self.warps, self.swizzle) < 1:
             return False
-        if self.split != 1 and (self.split not in SPLIT_K or self.k_part(c) < MIN_SPLIT_TILES
-                                or -(-self.k_tiles(c) // self.k_part(c)) != self.split  # no part left empty
-                                or math.prod(c.batch) * self.split > MAX_GRID_Z):
-            return False
-        if self.shared_bytes(c) > MAX_SHARED_BYTES:
+        if not self.split_legal(c) or self.shared_bytes(c) > MAX_SHARED_BYTES:
             return False
         per = self.tile_m * self.tile_n // self.threads  # accumulators per thread: more spill registers
         if self.path == "mma":
@@ -183,17 +186,19 @@ def gemm_configs(c: Contraction) -> list[GemmConfig]:
     operands, simt otherwise); then the generated tiles (each under every legal split-K), cuBLASLt's other ranks,
     cuBLAS."""
     if c.tensor_cores:
-        grid = product(MMA_TILES, (32, 64), (4, 8), (2, 3, 4), SWIZZLES, SPLIT_K)
-        found = [GemmConfig("mma", tm, tn, tk, w, s, g, split=p) for (tm, tn), tk, w, s, g, p in grid]
+        grid = product(MMA_TILES, (32, 64), (4, 8), (2, 3, 4), SWIZZLES)
+        tiles = [GemmConfig("mma", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
         generated = GemmConfig("mma", 128, 128, 32, 4, 3, 8)
     else:
-        grid = product(SIMT_TILES, (8, 16, 32), (1, 2, 4, 8), (1,), SWIZZLES, SPLIT_K)
-        found = [GemmConfig("simt", tm, tn, tk, w, s, g, split=p) for (tm, tn), tk, w, s, g, p in grid]
+        grid = product(SIMT_TILES, (8, 16, 32), (1, 2, 4, 8), (1,), SWIZZLES)
+        tiles = [GemmConfig("simt", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
         generated = GemmConfig("simt", 64, 64, 16, 4, 1, 8)
+    # a tile's legality does not depend on its split: check it once, then only the splits
+    found = [g for t in tiles if t.legal(c) for g in (replace(t, split=p) for p in SPLIT_K) if g.split_legal(c)]
     lt = [GemmConfig("cublaslt", algo=r) for r in range(LT_ALGOS)]
     first = lt[0] if lt[0].legal(c) and _compute(c) == DType.FLOAT32 else generated
-    ordered = [first, generated, *found, *lt, GemmConfig("cublas")]
-    return [g for g in dict.fromkeys(ordered) if g.legal(c)]
+    ordered, checked = [first, generated, *found, *lt, GemmConfig("cublas")], set(found)
+    return [g for g in dict.fromkeys(ordered) if g in checked or g.legal(c)]
 
 
 @dataclass(frozen=True)

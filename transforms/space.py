@@ -34,9 +34,8 @@ class RecipeSpace:
     def __init__(self, program: LoopProgram, backend: str = "cpu") -> None:
         self.program = program
         self.backend = backend
-        applicable = _applicable(program, backend)
-        dims = [g for choices in applicable.values() for g in choices]
-        self._transformations = list(applicable)
+        self._applicable = _applicable(program, backend)
+        dims = [g for choices in self._applicable.values() for g in choices]
         self._product = ProductSpace(dims or [[Step("fuse", ("none",))]])
 
     @property
@@ -46,7 +45,7 @@ class RecipeSpace:
     @functools.cached_property
     def default(self) -> Recipe:
         """:func:`default_recipe` of the program (computed once: ``legal`` needs it on every mutation)."""
-        return default_recipe(self.program, self.backend)
+        return _default(self.program, self.backend, self._applicable)
 
     def size(self) -> int:
         return self._product.size()
@@ -79,7 +78,7 @@ class RecipeSpace:
     def vendor_ranked(self) -> list[Recipe]:
         """The recipes that hand the program to a vendor library, in its heuristic's order
         (``Transformation.vendor_ranked``; every other dimension as in the default)."""
-        return [self.legal(Recipe((step,))) for name in self._transformations
+        return [self.legal(Recipe((step,))) for name in self._applicable
                 for step in lookup(name).vendor_ranked(self.program, self.backend)]
 
     def mutate(self, recipe: Recipe, rng: random.Random) -> Recipe:
@@ -102,7 +101,11 @@ def default_recipe(program: LoopProgram, backend: str = "cpu") -> Recipe:
     these shapes: ``Transformation.preferred``), then the first choice of every other dimension.
 
     Where an exclusive transformation applies (see ``Transformation.exclusive``), only its first choices."""
-    applicable = _applicable(program, backend)
+    return _default(program, backend, _applicable(program, backend))
+
+
+def _default(program: LoopProgram, backend: str, applicable: dict[str, list[list[Step]]]) -> Recipe:
+    """:func:`default_recipe` from the choice groups ``_applicable`` gave (a space has them already)."""
     exclusive = any(lookup(name).exclusive for name in applicable)
     chosen = [] if exclusive else [lookup(s.name).preferred(program, backend) or s
                                    for s in adapt(Recipe(DEFAULTS[backend]), program, backend)[0]]
