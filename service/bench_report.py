@@ -134,7 +134,7 @@ def report_markdown(outcomes: Sequence[HeldOut], config: BenchConfig, measurer: 
         f"search of {config.budget} recipes (+ default), which covered the whole space of {whole} of the "
         f"{len(outcomes)}; {measurer.table.size} kernels measured ({measurer.evaluations} by this process). "
         f"Recipes per neighbour: {config.per_neighbour}"
-        f"{'; random recipes fill the places neighbours leave' if config.fill else ''}. "
+        f"{'; variants, vendor-ranked and random recipes fill the places neighbours leave' if config.fill else ''}. "
         f"Local search after transfer: {config.local_budget} recipes.",
     ]
     if runs:

@@ -62,7 +62,7 @@ class BenchConfig:
     strategy: str = "evolutionary"
     local_budget: int = 0
     per_neighbour: int = 1  # recipes each neighbour gives (its fastest)
-    fill: bool = True  # random recipes make up the candidates the neighbours did not give
+    fill: bool = True  # variants, vendor-ranked and random recipes make up the candidates the neighbours did not give
     seed: int = 0
     encoder_seed: int | None = None  # seed of the trained encoders (default: seed); the measurements do not use it
 

@@ -94,8 +94,8 @@ def transfer_command(
     held_out: Annotated[str, typer.Option(help="models to hold out (default: each of --models)")] = "",
     local_budget: Annotated[int, typer.Option(min=0, help="local-search recipes after transfer")] = 0,
     per_neighbour: Annotated[int, typer.Option(min=1, help="recipes each neighbour gives (its fastest)")] = 1,
-    fill: Annotated[bool, typer.Option(help="random recipes fill the places the neighbours leave of k x "
-                                            "per-neighbour")] = True,
+    fill: Annotated[bool, typer.Option(help="fill the places the neighbours leave of k x per-neighbour: their "
+                                            "variants, vendor-ranked recipes, random ones")] = True,
     strategy: Annotated[str, typer.Option(help="search for the optimum: exhaustive | random | evolutionary")] = (
         "evolutionary"),
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per kernel (median)")] = 10,

@@ -51,8 +51,8 @@ def tune_command(
     k: Annotated[int, typer.Option("--k", min=1, help="transfer: neighbours whose best recipes are tried")] = 5,
     local_budget: Annotated[int, typer.Option(min=0, help="transfer: local-search recipes after the neighbours")] = 0,
     per_neighbour: Annotated[int, typer.Option(min=1, help="transfer: recipes each neighbour gives (its fastest)")] = 1,
-    fill: Annotated[bool, typer.Option(help="transfer: random recipes fill the places the neighbours leave of "
-                                            "k x per-neighbour")] = True,
+    fill: Annotated[bool, typer.Option(help="transfer: fill the places the neighbours leave of k x per-neighbour: "
+                                            "their variants, vendor-ranked recipes, random ones")] = True,
     encoder: Annotated[str, typer.Option(help="transfer: static | static+profiled | learned")] = "static",
 ) -> None:
     """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups."""
