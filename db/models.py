@@ -163,3 +163,31 @@ class ApiKey(Base):
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
     last_used_at: Mapped[dt.datetime | None]
+
+
+class Baseline(Base):
+    """A subgraph's eager/vendor time on a device and toolchain: what a plan falls back to, so a hit needs no run."""
+
+    __tablename__ = "baselines"
+    __table_args__ = (UniqueConstraint("subgraph_id", "device_id", "toolchain"),)
+    id: Mapped[int] = mapped_column(Id, primary_key=True)
+    subgraph_id: Mapped[int] = mapped_column(Id, ForeignKey("subgraphs.id"))
+    device_id: Mapped[int] = mapped_column(Id, ForeignKey("devices.id"), index=True)
+    toolchain: Mapped[str] = mapped_column(String(200))
+    eager_s: Mapped[float | None] = mapped_column(Float)  # None: eager PyTorch cannot run it there
+    measured_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
+
+
+class Demand(Base):
+    """A subgraph a user optimized whose nearest stored neighbour was far: the crawler tunes these first."""
+
+    __tablename__ = "demand"
+    __table_args__ = (UniqueConstraint("subgraph_id", "device_id"),)
+    id: Mapped[int] = mapped_column(Id, primary_key=True)
+    subgraph_id: Mapped[int] = mapped_column(Id, ForeignKey("subgraphs.id"))
+    device_id: Mapped[int] = mapped_column(Id, ForeignKey("devices.id"), index=True)
+    distance: Mapped[float | None] = mapped_column(Float)  # to the nearest neighbour; None: no neighbour at all
+    requests: Mapped[int] = mapped_column(Integer, default=1)
+    status: Mapped[str] = mapped_column(String(20), default="open", index=True)  # open | crawled
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow, server_default=func.now())
