@@ -1,6 +1,8 @@
 """ONNX importer: a ``.onnx`` file (opset 13+) -> ``Graph``.
 
-The file is read with a size limit and parsed without following external data (refused). Shapes
+The file is read with a size limit and parsed. External data (``torch.onnx.export``'s default) is accepted
+when every location names a regular file inside the model's own folder and holds the declared bytes; only
+the small tensors that constant folding needs are read from it. Shapes
 come from ``onnx.shape_inference`` (strict mode off, data propagation on); every tensor the IR
 keeps needs a static shape. Models with symbolic dimensions import when ``dims`` gives each
 symbol a value (``{"batch": 4, "seq": 128}``), the documented fallback for dynamic exports.
@@ -13,9 +15,11 @@ becomes an ``opaque`` node.
 
 import heapq
 import math
+import os
+import stat
 from collections.abc import Mapping
 from os import PathLike
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -37,6 +41,10 @@ ELEM_TYPES = {
     TensorProto.BOOL: DType.BOOL,
 }
 _DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
+_ITEMSIZE = {TensorProto.FLOAT: 4, TensorProto.DOUBLE: 8, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2,
+             TensorProto.INT64: 8, TensorProto.INT32: 4, TensorProto.BOOL: 1, TensorProto.INT8: 1,
+             TensorProto.UINT8: 1, TensorProto.INT16: 2, TensorProto.UINT16: 2, TensorProto.UINT32: 4,
+             TensorProto.UINT64: 8}
 
 
 def import_onnx(path: str | PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -44,7 +52,10 @@ def import_onnx(path: str | PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
     """Import the ONNX file at ``path``; raises ``ModelImportError``/``InvalidGraphError`` with one line."""
     file = Path(path)
     try:
-        size = file.stat().st_size
+        info = file.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelImportError(f"{file.name} is not a regular file; give the path of an .onnx file")
+        size = info.st_size
         if size > max_bytes:
             raise ModelImportError(f"{file.name} is {size} bytes, over the limit of {max_bytes} bytes")
         with file.open("rb") as f:
@@ -53,17 +64,18 @@ def import_onnx(path: str | PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
         raise ModelImportError(f"cannot read {file}: {exc.strerror}") from None
     if len(data) > max_bytes:
         raise ModelImportError(f"{file.name} is over the limit of {max_bytes} bytes")
-    return import_onnx_bytes(data, name=file.stem, dims=dims)
+    return import_onnx_bytes(data, name=file.stem, dims=dims, folder=file.parent)
 
 
-def import_onnx_bytes(data: bytes, *, name: str = "", dims: Mapping[str, int] | None = None) -> Graph:
-    """Import a serialized ONNX ``ModelProto``."""
+def import_onnx_bytes(data: bytes, *, name: str = "", dims: Mapping[str, int] | None = None,
+                      folder: str | PathLike[str] | None = None) -> Graph:
+    """Import a serialized ONNX ``ModelProto``; external data is looked up in ``folder`` (refused without one)."""
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError) as exc:
+    except (DecodeError, RuntimeError, ValueError, RecursionError) as exc:
         raise ModelImportError(f"not a valid ONNX file (truncated or corrupt): {one_line(exc)}") from None
-    _check_model(model)
+    _check_model(model, None if folder is None else Path(folder))
     return _Importer(model, name or model.graph.name, dict(dims or {})).run()
 
 
@@ -71,24 +83,81 @@ def _external(tensor: TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data) > 0
 
 
-def _check_graph(graph: onnx.GraphProto, depth: int = 0) -> None:
+def _location(entries: dict[str, str], folder: Path, what: str) -> Path:
+    """The file an external tensor's ``location`` names, refused unless it is a regular file inside ``folder``."""
+    location = entries.get("location", "")
+    if not location or "\0" in location or len(location) > 1024:
+        raise ModelImportError(f"{what} has no usable external data location")
+    parts = PurePosixPath(location.replace("\\", "/")).parts
+    if PurePosixPath(location).is_absolute() or PureWindowsPath(location).is_absolute() or PureWindowsPath(
+            location).drive or ".." in parts:
+        raise ModelImportError(f"{what} has external data at {location[:80]!r}, outside the model's folder; "
+                               "external data must be a file beside the model (no absolute paths, no '..')")
+    root = os.path.realpath(folder)
+    target = os.path.realpath(os.path.join(root, location))
+    if os.path.commonpath([root, target]) != root:
+        raise ModelImportError(f"{what} has external data at {location[:80]!r}, which resolves outside the model's "
+                               "folder (a symbolic link?)")
+    try:
+        info = os.stat(target)
+    except OSError as exc:
+        raise ModelImportError(f"{what} has external data at {location[:80]!r}, which cannot be read: "
+                               f"{exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ModelImportError(f"{what} has external data at {location[:80]!r}, which is not a regular file")
+    return Path(target)
+
+
+def _resolve_external(tensor: TensorProto, folder: Path | None, what: str) -> None:
+    """Check ``tensor``'s external data against its declared size; read it in when it is small enough to fold
+    (the rest is never read: the IR keeps weights' shapes, not their values)."""
+    if folder is None:
+        raise ModelImportError(f"{what} uses external data, which needs the model's folder: import it from a path")
+    entries = {e.key: e.value for e in tensor.external_data}
+    path = _location(entries, folder, what)
+    itemsize = _ITEMSIZE.get(tensor.data_type)
+    if itemsize is None:
+        raise ModelImportError(f"{what} has external data of element type {tensor.data_type}, which is not supported")
+    shape = _dims(list(tensor.dims), what)
+    expected = math.prod(shape) * itemsize
+    try:
+        offset = int(entries.get("offset", "0"))
+        length = int(entries.get("length", str(expected)))
+    except ValueError:
+        raise ModelImportError(f"{what} has a non-integer external data offset or length") from None
+    if offset < 0 or length != expected:
+        raise ModelImportError(f"{what} declares {length} bytes of external data at offset {offset}; its shape "
+                               f"{list(shape)} needs {expected}")
+    size = path.stat().st_size
+    if offset + length > size:
+        raise ModelImportError(f"{what} needs bytes {offset}..{offset + length} of {path.name}, which has {size}")
+    raw = b""
+    if math.prod(shape) <= FOLD_LIMIT:
+        with path.open("rb") as f:
+            f.seek(offset)
+            raw = f.read(length)
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.DEFAULT
+    tensor.raw_data = raw
+
+
+def _check_graph(graph: onnx.GraphProto, folder: Path | None, depth: int = 0) -> None:
     if depth > 8:
         raise ModelImportError("subgraphs are nested more than 8 deep")
     for init in graph.initializer:
         if _external(init):
-            raise ModelImportError(
-                f"initializer {init.name[:80]!r} uses external data; external data is refused: "
-                "save the model with all tensors inside the file (onnx.save(..., save_as_external_data=False))")
+            _resolve_external(init, folder, f"initializer {init.name[:80]!r}")
     for node in graph.node:
         for attr in node.attribute:
             tensors = [attr.t] if attr.HasField("t") else list(attr.tensors)
-            if any(_external(t) for t in tensors):
-                raise ModelImportError(f"node {node.name[:80]!r} holds a tensor in external data, which is refused")
+            for tensor in tensors:
+                if _external(tensor):
+                    _resolve_external(tensor, folder, f"node {node.name[:80]!r}")
             for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                _check_graph(sub, depth + 1)
+                _check_graph(sub, folder, depth + 1)
 
 
-def _check_model(model: onnx.ModelProto) -> None:
+def _check_model(model: onnx.ModelProto, folder: Path | None) -> None:
     graph = model.graph
     if not model.HasField("graph") or not graph.output:
         raise ModelImportError("not an ONNX model: it has no graph outputs")
@@ -99,7 +168,7 @@ def _check_model(model: onnx.ModelProto) -> None:
             "(onnx.version_converter.convert_version)")
     if len(graph.node) > MAX_NODES:
         raise ModelImportError(f"the model has {len(graph.node)} nodes, over the limit of {MAX_NODES}")
-    _check_graph(graph)
+    _check_graph(graph, folder)
 
 
 def _dims(dims: list[int], what: str) -> tuple[int, ...]:

@@ -199,7 +199,7 @@ def _old_opset() -> onnx.ModelProto:
 HOSTILE = {
     "random bytes": (lambda: os.urandom(4096), "not a valid ONNX|no graph outputs"),
     "truncated": (lambda: _bytes(_relu_model())[:-9], "not a valid ONNX|no graph outputs|never produced"),
-    "external data": (lambda: _bytes(_external_model()), "external data"),
+    "external data": (lambda: _bytes(_external_model()), "outside the model.s folder"),
     "absurd initializer": (lambda: _bytes(_absurd_initializer()), "unsupported shape"),
     "negative dims": (lambda: _bytes(_negative_dims()), "unsupported shape"),
     "dangling reference": (lambda: _bytes(_dangling()), "'ghost', which nothing defines"),
