@@ -209,3 +209,21 @@ def run_eager(
     for i, node in enumerate(graph.nodes):
         values[node.outputs[0]] = _run_node(i, node, [values[t] for t in node.inputs], graph, compute_dtype)
     return {name: values[name] for name in graph.outputs}
+
+
+class EagerProgram:
+    """``graph`` made ready to run many times on ``device``: its constants are built there once, and inputs are
+    taken as they are (right shapes and dtypes, on that device), so a call is the ops and nothing else."""
+
+    def __init__(self, graph: Graph, device: torch.device | str = "cpu") -> None:
+        self.graph = graph
+        self.consts = {
+            name: torch.tensor(t.value, dtype=torch.float64).reshape(t.shape).to(device, TORCH_DTYPES[t.dtype])
+            for name, t in graph.tensors.items() if t.role == TensorRole.CONST and t.value is not None
+        }
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        values = {**self.consts, **inputs}
+        for i, node in enumerate(self.graph.nodes):
+            values[node.outputs[0]] = _run_node(i, node, [values[t] for t in node.inputs], self.graph, None)
+        return {name: values[name] for name in self.graph.outputs}

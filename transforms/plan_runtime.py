@@ -1,0 +1,263 @@
+"""Running a plan inside PyTorch: ``PlanModule(plan, params)`` is an ``nn.Module`` whose forward runs the model's
+subgraphs in order, each eagerly or as its tuned kernel, on the caller's tensors.
+
+* Kernels launch on the tensors themselves (zero copy): the cpu backend's shared library gets their data
+  pointers; the cuda backend's kernels (CuPy) and vendor GEMMs get CuPy views of them
+  (``__cuda_array_interface__``) and run on PyTorch's current stream. Inputs a kernel reads are made contiguous
+  first (a no-op unless an eager view left them strided); outputs and scratch are allocated per call.
+* On cuda, with static shapes (always, in tunebank's IR), the whole forward is captured once as a CUDA graph
+  and replayed: eager ops and kernels alike, with no Python or launch overhead. Inputs are copied into the
+  graph's buffers and outputs cloned out, so a caller's tensors are never aliased. A forward that cannot be
+  captured runs uncaptured.
+
+Every plan is verified (``transforms.plan.verify``) before anything of it runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from embed.eager import TORCH_DTYPES, EagerProgram
+from embed.ir import TensorRole
+from embed.lower import lower
+from embed.subgraph import Subgraph
+from transforms.build import Source, build
+from transforms.codegen import Kernel
+from transforms.codegen.kernel import compute_dtype
+from transforms.codegen.signature import signature
+from transforms.plan import Plan, PlanError, verify
+from transforms.run import Buffer, Launch
+
+Env = dict[str, torch.Tensor]
+StepFn = Callable[[Env], None]
+_CTYPES = {"float64": ctypes.c_double, "float32": ctypes.c_float, "int64": ctypes.c_int64, "int32": ctypes.c_int32}
+_SCRATCH = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _eager_step(subgraph: Subgraph, device: torch.device) -> StepFn:
+    program = EagerProgram(subgraph.graph, device)
+    names = list(zip(subgraph.graph.inputs, subgraph.source_inputs, strict=True))
+    outs = list(zip(subgraph.graph.outputs, subgraph.source_outputs, strict=True))
+
+    def run(env: Env) -> None:
+        results = program({inner: env[outer] for inner, outer in names})
+        for inner, outer in outs:
+            env[outer] = results[inner]
+
+    return run
+
+
+class _Arguments:
+    """Where each kernel argument comes from: a model tensor read or written by name, or scratch."""
+
+    def __init__(self, subgraph: Subgraph) -> None:
+        program = lower(subgraph.graph)
+        sig = signature(program, compute_dtype(program))
+        outer = dict(zip(subgraph.graph.inputs, subgraph.source_inputs, strict=True))
+        outer |= dict(zip(subgraph.graph.outputs, subgraph.source_outputs, strict=True))
+        by_arg = {arg: buffer for buffer, arg in sig.names.items()}
+        self.inputs: dict[str, str] = {}  # argument -> model tensor it reads
+        self.outputs: dict[str, tuple[str, tuple[int, ...], torch.dtype]] = {}
+        self.scratch: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        for arg in sig.args:
+            buffer = by_arg[arg.name]
+            if arg.kind == "input":
+                self.inputs[arg.name] = outer[buffer]
+            elif arg.kind == "output":
+                tensor = subgraph.graph.tensors[buffer]
+                self.outputs[arg.name] = (outer[buffer], tensor.shape, TORCH_DTYPES[tensor.dtype])
+            else:
+                self.scratch[arg.name] = (arg.shape, _SCRATCH[arg.dtype])
+
+    def bind(self, env: Env, device: torch.device) -> dict[str, torch.Tensor]:
+        """Tensors for every argument: inputs from ``env`` (contiguous), new outputs (also put in ``env``) and
+        zeroed scratch."""
+        args = {a: env[name].contiguous() for a, name in self.inputs.items()}
+        for a, (name, shape, dtype) in self.outputs.items():
+            args[a] = env[name] = torch.empty(shape, dtype=dtype, device=device)
+        for a, (shape, dtype) in self.scratch.items():
+            args[a] = torch.zeros(shape, dtype=dtype, device=device)
+        return args
+
+
+def _cpu_step(kernel: Kernel, artifact: str, arguments: _Arguments, device: torch.device) -> StepFn:
+    from transforms.compilers import cpu
+
+    library = cpu.load(artifact)
+    functions = []
+    for launch in kernel.launches:
+        function = getattr(library, launch.entry)
+        function.restype = None
+        functions.append((function, launch))
+
+    def run(env: Env) -> None:
+        tensors = arguments.bind(env, device)
+        for function, launch in functions:
+            function(*(ctypes.c_void_p(tensors[a.name].data_ptr()) if isinstance(a, Buffer)
+                       else _CTYPES[a.dtype](a.value) for a in launch.args))
+
+    return run
+
+
+def _cupy_view(tensor: torch.Tensor) -> Any:
+    import cupy
+
+    if tensor.dtype == torch.bfloat16:  # CuPy has no bfloat16: the kernel sees the same 16 bits
+        tensor = tensor.view(torch.int16)
+    return cupy.asarray(tensor)
+
+
+def _cuda_step(kernel: Kernel, artifact: str, arguments: _Arguments, device: torch.device) -> StepFn:
+    import cupy
+    import numpy as np
+
+    from transforms import vendor_blas
+    from transforms.compilers import cuda
+
+    library = {"cublas_gemm": vendor_blas.cublas_gemm, "cublaslt_matmul": vendor_blas.cublaslt_matmul}
+    module = cuda.load(artifact)
+    calls: list[tuple[Any, Launch]] = []
+    for launch in kernel.launches:
+        function = library[launch.library](launch) if launch.library else module.get_function(launch.entry)
+        if launch.shared_bytes > 48 * 1024 and not launch.library:
+            function.max_dynamic_shared_size_bytes = launch.shared_bytes
+        calls.append((function, launch))
+
+    def run(env: Env) -> None:
+        tensors = arguments.bind(env, device)
+        views = {a: _cupy_view(t) for a, t in tensors.items()}
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream)
+        for function, launch in calls:
+            args = tuple(views[a.name] if isinstance(a, Buffer) else np.dtype(a.dtype).type(a.value)
+                         for a in launch.args)
+            function(launch.grid, launch.block, args, shared_mem=launch.shared_bytes, stream=stream)
+
+    return run
+
+
+def compile_kernels(kernels: Sequence[Kernel | None], backend: str, cache_dir: Path) -> list[str | None]:
+    """The compiled artifact of each kernel (None where there is none), built in parallel and cached; PlanError
+    when one fails to compile here."""
+    arch = ""
+    if backend == "cuda":
+        from transforms.compilers import cuda
+
+        arch = cuda.device_arch()
+    todo = [k for k in kernels if k is not None]
+    built = iter(build([Source(k.code, backend, arch=arch) for k in todo], cache_dir=cache_dir))
+    artifacts: list[str | None] = []
+    for kernel in kernels:
+        if kernel is None:
+            artifacts.append(None)
+            continue
+        result = next(built)
+        if not result.ok:
+            raise PlanError(f"a kernel of the plan failed to compile here: {result.error_kind}: "
+                            f"{(result.error or '').splitlines()[0] if result.error else ''}")
+        artifacts.append(result.artifact)
+    return artifacts
+
+
+class PlanModule(torch.nn.Module):
+    """A plan as a module: ``forward(*inputs)`` takes the model's inputs (in graph order) and returns its output
+    (a tuple when the model has several). ``params`` maps every weight of the graph to its tensor."""
+
+    def __init__(self, plan: Plan, params: Mapping[str, torch.Tensor], *, cache_dir: Path,
+                 device: str | torch.device | None = None, cuda_graph: bool = True) -> None:
+        super().__init__()
+        backend = plan.target.backend
+        if backend == "cuda" and not torch.cuda.is_available():
+            raise PlanError("this plan is for the cuda backend and PyTorch sees no GPU here")
+        if backend not in ("cpu", "cuda"):
+            raise PlanError(f"unknown plan backend {backend!r}")
+        self.plan = plan
+        self.device = torch.device(device or ("cuda" if backend == "cuda" else "cpu"))
+        graph = plan.graph
+        self.input_names = [n for n in graph.inputs if graph.tensors[n].role == TensorRole.INPUT]
+        missing = [n for n in graph.inputs if graph.tensors[n].role == TensorRole.PARAM and n not in params]
+        if missing:
+            raise PlanError(f"{len(missing)} weights of the model are not given, e.g. {missing[0]!r}")
+        self.params = {n: params[n].to(self.device) for n in graph.inputs if n not in self.input_names}
+        subgraphs, kernels = verify(plan)
+        for subgraph, kernel in zip(subgraphs, kernels, strict=True):
+            if kernel is None and not subgraph.tunable:
+                _check_runs_eagerly(subgraph)
+        artifacts = compile_kernels(kernels, backend, cache_dir)
+        make = _cuda_step if backend == "cuda" else _cpu_step
+        self.steps: list[StepFn] = [
+            _eager_step(s, self.device) if k is None else make(k, a, _Arguments(s), self.device)
+            for s, k, a in zip(subgraphs, kernels, artifacts, strict=True)
+        ]
+        self.use_cuda_graph = cuda_graph and self.device.type == "cuda"
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._static: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def run(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        """One pass over the steps, uncaptured: the model's outputs in graph order."""
+        env: Env = dict(self.params)
+        env.update(zip(self.input_names, inputs, strict=True))
+        for step in self.steps:
+            step(env)
+        return [env[name] for name in self.plan.graph.outputs]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        inputs = tuple(self._checked(inputs))
+        with torch.no_grad():
+            outputs = self._replay(inputs) if self.use_cuda_graph else self.run(*inputs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _checked(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        graph = self.plan.graph
+        if len(inputs) != len(self.input_names):
+            raise PlanError(f"the model takes {len(self.input_names)} inputs, got {len(inputs)}")
+        out = []
+        for name, value in zip(self.input_names, inputs, strict=True):
+            spec = graph.tensors[name]
+            if tuple(value.shape) != spec.shape:
+                raise PlanError(f"input {name!r} has shape {list(value.shape)}; the plan was made for "
+                                f"{list(spec.shape)}")
+            out.append(value.to(self.device, TORCH_DTYPES[spec.dtype]))
+        return out
+
+    def _replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if self._graph is None:
+            try:
+                self._capture(inputs)
+            except Exception as e:  # an op that cannot be captured: run without the graph from now on
+                warnings.warn(f"tunebank: the plan runs without a CUDA graph ({type(e).__name__}: {e})",
+                              stacklevel=3)
+                self.use_cuda_graph = False
+                torch.cuda.synchronize(self.device)
+                return self.run(*inputs)
+        assert self._graph is not None and self._static is not None
+        static_in, static_out = self._static
+        for buffer, value in zip(static_in, inputs, strict=True):
+            buffer.copy_(value)
+        self._graph.replay()
+        return [t.clone() for t in static_out]
+
+    def _capture(self, inputs: Sequence[torch.Tensor]) -> None:
+        static_in = [t.clone() for t in inputs]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: lazy module loads, cuBLAS handles, allocator pools
+                self.run(*static_in)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self.run(*static_in)
+        self._graph, self._static = graph, (static_in, static_out)
+
+
+def _check_runs_eagerly(subgraph: Subgraph) -> None:
+    opaque = [n.attrs.get("name") for n in subgraph.graph.nodes if n.op == "opaque"]
+    if opaque:
+        raise PlanError(f"the model holds op {str(opaque[0])[:80]!r}, outside tunebank's op set: its plan can be "
+                        "reported but not run")
