@@ -97,17 +97,35 @@ def copies_past_l2(set_bytes: int, l2_bytes: int) -> int:
     return max(2, min(wanted, MAX_COPIES, max(1, MAX_COPY_BYTES // max(set_bytes, 1))))
 
 
-def check(output: Any, reference: Any, tolerance: float, xp: Any = np) -> tuple[str | None, float | None, str]:
+#: The error of an element is measured against ``max(|reference|, floor)``, and the floor is the larger of
+#: FLOOR_FRACTION times the largest finite ``|reference|`` of that output (elements near zero, where rounding
+#: leaves an absolute error on the scale of the whole output, are not held to a relative bound they cannot meet)
+#: and the smallest normal number of the output's dtype (below it the dtype itself keeps only absolute precision).
+#: The floor scales with the reference: a softmax whose values are all about 1e-3 is held to 1e-4 of 1e-3.
+FLOOR_FRACTION = 1e-3
+_NORMAL = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.float32}
+
+
+def check(output: Any, reference: Any, tolerance: float, xp: Any = np, *, dtype: str | None = None) \
+        -> tuple[str | None, float | None, str]:
     """(error kind or None, max relative error over finite elements, message) for one output, computed in the
     reference's float dtype; ``xp`` is the array module both arrays live in (NumPy, or CuPy for a device output,
-    which is then checked on the device)."""
+    which is then checked on the device); ``dtype`` is the output buffer's dtype (default: the reference's).
+
+    The error of element i is ``|out_i - ref_i| / max(|ref_i|, floor)`` (floor: :data:`FLOOR_FRACTION`); the
+    output is "wrong" when the largest exceeds ``tolerance``. Non-finite values are compared exactly: an
+    infinity must match the reference's (same sign), a NaN never passes; a non-finite output where the
+    reference differs is "nan", a finite output where the reference is not is "wrong"."""
+    if not tolerance >= 0:  # a NaN tolerance would pass everything
+        raise ValueError(f"the tolerance must be a number >= 0, not {tolerance!r}")
     if output.shape != reference.shape:
         return "wrong", None, f"output shape {output.shape} != reference shape {reference.shape}"
     with np.errstate(all="ignore"):
         finite = xp.isfinite(output) & xp.isfinite(reference)
-        nonfinite_mismatch = ~finite & (output != reference)
+        nonfinite_mismatch = ~finite & (output != reference)  # NaN != NaN
         magnitude = xp.where(finite, xp.abs(reference), 0)
-        floor = max(1e-3 * _largest(magnitude), float(np.finfo(reference.dtype).tiny))
+        normal = float(np.finfo(_NORMAL.get(dtype or "", reference.dtype)).tiny)
+        floor = max(FLOOR_FRACTION * _largest(magnitude), normal)
         gap = xp.abs(output - reference) / xp.maximum(magnitude, reference.dtype.type(floor))
         worst = _largest(xp.where(finite, gap, 0))
     bad_output = nonfinite_mismatch & ~xp.isfinite(output)
@@ -272,14 +290,19 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
         call()
         outputs = fetch()
         worst = 0.0
-        for b in buffers_of(launches):
-            if b.kind == "output":
-                reference = backend.reference(problem, b.name)
-                kind, error, text = check(to_float(outputs[b.name], b.dtype, reference.dtype), reference,
-                                          message["tolerance"][b.name], backend.xp)
-                if kind is not None:
-                    return RunResult.failure(kind, f"output {b.name!r}: {text}", error), False
-                worst = max(worst, error or 0.0)
+        written = [b for b in buffers_of(launches) if b.kind == "output"]
+        unwritten = sorted(set(problem.reference) - {b.name for b in written})
+        if unwritten:
+            return RunResult.failure("wrong", f"no output buffer of the launches holds output {unwritten[0]!r}"), False
+        for b in written:
+            if b.name not in problem.reference:
+                raise ValueError(f"the problem has no reference for output buffer {b.name!r}")
+            reference = backend.reference(problem, b.name)
+            kind, error, text = check(to_float(outputs[b.name], b.dtype, reference.dtype), reference,
+                                      message["tolerance"][b.name], backend.xp, dtype=b.dtype)
+            if kind is not None:
+                return RunResult.failure(kind, f"output {b.name!r}: {text}", error), False
+            worst = max(worst, error or 0.0)
     except Exception as e:  # any failure to load, bind, launch or fetch is this candidate's result
         return RunResult.failure("launch", f"{type(e).__name__}: {e}"), fatal
     try:
