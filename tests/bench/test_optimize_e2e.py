@@ -1,0 +1,157 @@
+"""``bench.optimize_e2e`` without a GPU: checkpoint and resume, the deadline watchdog, the report, input copies,
+the error measure; and every held-out model of ``bench.e2e_models`` imports and none is in the recording."""
+
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench import e2e_models
+from bench import optimize_e2e as e2e
+
+
+def _fake_columns(calls: list[tuple[str, str]], ms: dict[str, float]) -> dict[str, Any]:
+    def make(col: str) -> Any:
+        def fn(module: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
+            calls.append((module, col))
+            if col == "broken":
+                raise RuntimeError("no kernel")
+            return {"ms": ms[col] * module_scale[module], "compile_s": None if col == "eager" else 2.5,
+                    "max_rel_err": 1e-7}
+        return fn
+    module_scale = {"a": 1.0, "b": 2.0, "c": 4.0}
+    return {c: make(c) for c in ("eager", "fast", "broken")}
+
+
+def _run(ckpt: e2e.Checkpoint, models: list[str], cols: list[str], columns: dict[str, Any]) -> int:
+    pairs = e2e.todo(ckpt, models, cols)
+    return e2e.run(ckpt, pairs, build=lambda m: (m, ()), columns=columns, env={"device": "fake"}, log=lambda _: None)
+
+
+def test_resume_measures_only_what_is_missing(tmp_path: Path) -> None:
+    calls: list[tuple[str, str]] = []
+    columns = _fake_columns(calls, {"eager": 1.0, "fast": 0.5, "broken": 1.0})
+    path = tmp_path / "r.json"
+    assert _run(e2e.Checkpoint(path), ["a", "b"], ["eager"], columns) == 0
+    assert calls == [("a", "eager"), ("b", "eager")]
+    saved = json.loads(path.read_text())
+    assert saved["results"]["b"]["eager"]["status"] == "ok" and saved["results"]["b"]["eager"]["ms"] == 2.0
+
+    calls.clear()
+    ckpt = e2e.Checkpoint(tmp_path / "r2.json", e2e.Checkpoint.load(path))
+    assert e2e.todo(ckpt, ["a", "b", "c"], ["eager", "fast"]) == [("a", "fast"), ("b", "fast"), ("c", "eager"),
+                                                                  ("c", "fast")]
+    _run(ckpt, ["a", "b", "c"], ["eager", "fast", "broken"], columns)
+    assert calls == [("a", "fast"), ("a", "broken"), ("b", "fast"), ("b", "broken"), ("c", "eager"), ("c", "fast"),
+                     ("c", "broken")]
+    again = e2e.Checkpoint.load(tmp_path / "r2.json")
+    assert again["results"]["a"]["eager"] == saved["results"]["a"]["eager"]  # kept, not re-measured
+    assert again["results"]["c"]["broken"]["status"] == "error" and "no kernel" in again["results"]["c"]["broken"][
+        "error"]
+    ckpt = e2e.Checkpoint(None, again)
+    assert e2e.todo(ckpt, ["a", "b", "c"], ["eager", "fast", "broken"]) == []
+    assert len(e2e.todo(ckpt, ["a", "b", "c"], ["broken"], retry_errors=True)) == 3
+
+
+def test_running_marker_becomes_unfinished_and_is_kept() -> None:
+    data = {"schema": e2e.SCHEMA, "runs": [], "results": {"a": {"eager": {"status": "running", "started": "t"}}}}
+    ckpt = e2e.Checkpoint(None, data)
+    ckpt.mark_running_as_unfinished("killed")
+    assert ckpt.entry("a", "eager") == {"status": "unfinished", "started": "t", "note": "killed"}
+    assert e2e.todo(ckpt, ["a"], ["eager"]) == []
+    assert e2e.todo(ckpt, ["a"], ["eager"], retry_unfinished=True) == [("a", "eager")]
+
+
+def test_deadline_watchdog_writes_unfinished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    snapshots: list[dict[str, Any]] = []
+    path = tmp_path / "w.json"
+
+    def fake_exit(code: int) -> None:
+        snapshots.append(json.loads(path.read_text()))
+        released.set()
+
+    released = threading.Event()
+    monkeypatch.setattr(e2e.os, "_exit", fake_exit)
+    ckpt = e2e.Checkpoint(path)
+    e2e.run(ckpt, [("a", "slow")], build=lambda m: (m, ()), columns={"slow": lambda m, i: released.wait(10) and {
+        "ms": 1.0}}, env={"device": "fake"}, deadline_s=0.2, log=lambda _: None)
+    entry = snapshots[0]["results"]["a"]["slow"]
+    assert entry["status"] == "unfinished" and entry["seconds"] >= 0 and "deadline" in entry["note"]
+
+
+def test_report_table_speedups_and_missing() -> None:
+    data = {"schema": e2e.SCHEMA, "runs": [{"date": "2026-11-24T23:00:00Z", "commit": "abc1234", "columns": ["eager"],
+                                            "env": {"device": "NVIDIA H200", "torch": "2.11.0"}, "command": "x"}],
+            "results": {
+                "m1": {"eager": {"status": "ok", "ms": 2.0},
+                       "default": {"status": "ok", "ms": 1.0, "compile_s": 3.25, "max_rel_err": 2e-7},
+                       "max-autotune": {"status": "unfinished", "seconds": 512.3, "note": "deadline"}},
+                "m2": {"eager": {"status": "ok", "ms": 1.0},
+                       "default": {"status": "ok", "ms": 2.0, "compile_s": 1.0, "max_rel_err": 0.0},
+                       "max-autotune": {"status": "error", "error": "boom"}},
+            }}
+    text = e2e.report(data, origin=lambda m: "new")
+    rows = [line for line in text.splitlines() if line.startswith(("| m1 ", "| m2 "))]
+    assert rows[0].split(" | ")[:6] == ["| m1", "new", "2", "1 (2.00x)", "3.2", "2.0e-07"]
+    assert "unfinished (>512 s)" in rows[0] and "error" in rows[1] and "0.50x" in rows[1]
+    assert "geomean speedup over eager 1.00x over 2 models (min 0.50x, max 2.00x)" in text
+    assert "NVIDIA H200" in text and "abc1234" in text and "m2 / max-autotune: error: boom" in text
+    assert text.index("default ms") < text.index("max-autotune ms")  # COLUMNS order
+
+
+def test_input_copies_and_error_measure() -> None:
+    x, idx = torch.randn(4, 8), torch.randint(0, 5, (4,))
+    sets = e2e.input_sets((x, idx), copies=3)
+    assert len(sets) == 3 and sets[0][0] is x
+    for s in sets[1:]:
+        assert not torch.equal(s[0], x) and bool((s[0] != 0).all()) and s[1] is idx
+        ratio = s[0] / x
+        assert float(ratio.min()) >= 0.5 and float(ratio.max()) <= 1.5
+    assert len(e2e.input_sets((torch.randn(4),))) == 16  # tiny inputs: the most copies
+    assert len(e2e.input_sets((torch.empty(2 * e2e.L2_BYTES // 4),))) == 2
+    ref = torch.tensor([1.0, -4.0])
+    assert e2e.max_rel_err(torch.tensor([1.0, -3.0]), ref) == pytest.approx(0.25)
+    assert e2e.max_rel_err((ref, ref), (ref, ref)) == 0.0
+    assert math.isinf(e2e.max_rel_err(torch.tensor([float("nan"), 0.0]), ref))
+    assert math.isinf(e2e.max_rel_err(torch.zeros(3), ref))
+
+
+def test_measure_times_and_checks_a_module() -> None:
+    module = torch.nn.Linear(8, 4).eval()
+    inputs = (torch.randn(16, 8),)
+    out = e2e.measure(module, module, inputs, compile_s=1.5)
+    assert out["max_rel_err"] == 0.0 and out["ms"] > 0 and out["calls"] >= 50 and out["compile_s"] == 1.5
+    wrong = e2e.measure(lambda x: module(x) * 1.01, module, inputs)
+    assert wrong["max_rel_err"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_models_are_held_out_and_import() -> None:
+    from embed.importers.torch_importer import import_module
+    from embed.partition import partition
+
+    assert len(e2e_models.MODELS) >= 10 and len(set(e2e_models.MODELS)) == len(e2e_models.MODELS)
+    assert not set(e2e_models.MODELS) & set(e2e_models.RECORDED)
+    families = {m.partition("-")[0] for m in e2e_models.MODELS}
+    assert len(families) == len(e2e_models.MODELS)
+    assert sum(e2e_models.is_new(m) for m in e2e_models.MODELS) >= 5
+    for name in e2e_models.MODELS:
+        module, inputs = e2e_models.build(name, "meta")
+        assert not module.training
+        kinds = {str(s.kind) for s in partition(import_module(module, inputs, name=name))}
+        assert "opaque" not in kinds, name
+
+
+def test_new_families_run_on_cpu_at_small_sizes() -> None:
+    small = ["t5_block-h64-s8-b2", "mobilenet_block-c8-i8-b2", "tabular_mlp-f4-h16-b8", "dense_gcn-n16-f8",
+             "swin_block-c32-i14-w7-b1", "cross_attn_block-h64-q4-k8-b2", "resmlp_block-h16-s8-b2"]
+    assert {m.partition("-")[0] for m in small} == set(e2e_models.NEW_FAMILIES)
+    for name in small:
+        module, inputs = e2e_models.build(name, "cpu")
+        again, inputs2 = e2e_models.build(name, "cpu")
+        with torch.no_grad():
+            out = module(*inputs)
+            assert torch.isfinite(out).all() and torch.equal(out, again(*inputs2)), name  # seeded
