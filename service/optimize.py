@@ -1,0 +1,421 @@
+"""``optimize``: a model graph -> a plan (``transforms.plan``) and its report, storing everything it measures.
+
+Per distinct subgraph, in partition order:
+
+* not tunable (an op outside the op set): runs eagerly, with the reason in the report;
+* **hit**: the database holds, for this device and toolchain, an ok measurement of the subgraph and its eager
+  time: the stored best recipe is reused with no search and nothing is run;
+* **transfer**: otherwise the subgraph is embedded with the promoted encoder (the first of learned,
+  static+profiled, static that has a promoted version; with none, ``static`` is fitted once on the device's
+  profiled subgraphs, saved and promoted), its k nearest neighbours come from the persistent vector index
+  (``TUNEBANK_INDEX_FACTORY``), their recipes are adapted, filled, validated and timed
+  (``service.transfer.transfer_from``), and eager PyTorch is timed too. Each batch of measurements is stored as
+  soon as it is taken, so Ctrl-C or a crash loses none; the subgraph's baseline, profile and embedding follow.
+  A subgraph with no neighbour of its kind, or whose nearest is farther than ``far_distance``, is queued for the
+  crawler (``demand``).
+
+The eager implementation is always a candidate: a kernel is chosen only when it is faster than eager by more than
+``margin`` (default 5%: within that, timing noise decides, and eager costs nothing to keep). Then the plan is run
+whole and timed against the model run eagerly (``service.model_timing``); if the plan is slower, the all-eager plan
+(on cuda: the same ops in one CUDA graph) replaces it, so a plan is never slower than eager as a whole either.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from db.index import IndexConfig, VectorIndex
+from db.migrate import check_schema
+from db.repositories.baselines import eager_times, request_crawl, set_eager_time
+from db.repositories.embeddings import EmbeddingIn, IndexKey, add_embeddings
+from db.repositories.model_catalog import add_model
+from db.repositories.rankings import best_recipes
+from db.session import Database
+from embed.eager import TORCH_DTYPES
+from embed.encoders import Encoder, FeatureSet
+from embed.errors import EmbedError
+from embed.inputs import random_inputs
+from embed.ir import Graph, TensorRole
+from embed.partition import partition
+from embed.profile import Baseline, DeviceSpec
+from embed.subgraph import Subgraph
+from service.crawl import profile_vector
+from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
+from service.measure import MeasurementTable, Measurer
+from service.model_timing import seconds_per_call
+from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
+from service.transfer import Neighbour, neighbours, transfer_from
+from transforms.plan import Plan, PlanError, Step, Target, content_hash, kernel_step
+from transforms.plan_runtime import PlanModule
+from transforms.recipe import Recipe
+from transforms.results import RunResult
+from transforms.run import Worker
+from transforms.schedule import ScheduleError
+from transforms.tune import Task, eager_seconds, evaluator, make_task
+
+ENCODER_PREFERENCE = ("learned", "static+profiled", "static")
+Progress = Callable[[int, int, str], None]  # (subgraphs done, distinct subgraphs, what is running)
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    """Knobs of one optimize run. ``margin``: how much faster than eager a kernel must be to be chosen;
+    ``far_distance``: a nearest neighbour farther than this (in the encoder's distance) queues the subgraph for the
+    crawler; ``model_calls``: calls timed per whole-model measurement."""
+
+    k: int = 5
+    margin: float = 0.05
+    far_distance: float = 4.0
+    fill: bool = True
+    seed: int = 0
+    repeats: int = 10
+    time_model: bool = True
+    model_calls: int = 20
+    compare_compile: bool = True
+
+
+@dataclass
+class SubgraphReport:
+    """What optimize did with one distinct subgraph (times in seconds; None where there is none)."""
+
+    name: str
+    kind: str
+    structural_hash: str
+    ops: list[str]
+    occurrences: int
+    source: str  # hit | transfer | not tunable
+    reason: str | None = None
+    neighbours: list[dict[str, Any]] = field(default_factory=list)
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    choice: str = "eager"  # eager | kernel
+    recipe: str | None = None
+    kernel_s: float | None = None
+    eager_s: float | None = None
+    queued: bool = False
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager time over the chosen implementation's time."""
+        if self.choice == "kernel" and self.kernel_s and self.eager_s:
+            return self.eager_s / self.kernel_s
+        return 1.0 if self.eager_s else None
+
+
+@dataclass
+class OptimizeReport:
+    model: str
+    backend: str
+    device: str
+    toolchain: str
+    subgraphs: list[SubgraphReport] = field(default_factory=list)
+    stages_s: dict[str, float] = field(default_factory=dict)
+    model_s: float | None = None  # the plan, run whole
+    eager_model_s: float | None = None  # the model run eagerly, whole
+    compile_model_s: float | None = None  # torch.compile default, whole (cuda)
+    model_fallback: bool = False  # the plan was slower than eager as a whole: every subgraph runs eagerly
+    measured: int = 0  # kernels measured in this run
+
+    @property
+    def speedup(self) -> float | None:
+        return self.eager_model_s / self.model_s if self.model_s and self.eager_model_s else None
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.subgraphs:
+            key = s.source if s.source == "not tunable" else f"{s.source}, {s.choice}"
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["speedup"] = self.speedup
+        for row, s in zip(data["subgraphs"], self.subgraphs, strict=True):
+            row["speedup"] = s.speedup
+        return _finite(data)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+@dataclass
+class Optimized:
+    plan: Plan
+    report: OptimizeReport
+    module: PlanModule | None = None  # the plan bound to the weights it was timed with
+
+
+@dataclass
+class Context:
+    """Where optimize runs: database, device, toolchain, backend, kernel cache, index and encoder stores."""
+
+    database: Database
+    device: DeviceSpec
+    toolchain: str
+    backend: str
+    cache_dir: Path
+    index_dir: Path
+    index_config: IndexConfig
+    encoders: EncoderStore
+
+
+class _Stages:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, started: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+
+def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConfig = OptimizeConfig(),
+             params: Mapping[str, torch.Tensor] | None = None, inputs: Sequence[torch.Tensor] | None = None,
+             reference: Callable[..., object] | None = None, progress: Progress | None = None,
+             name: str = "") -> Optimized:
+    """Optimize ``graph`` on ``ctx``'s device: the plan, its report, and (when ``config.time_model``) the plan
+    bound to ``params`` (random weights when not given) and timed whole on ``inputs`` (random when not given)
+    against ``reference`` (the user's own module; by default the graph run eagerly)."""
+    check_schema(ctx.database.engine)
+    stages = _Stages()
+    started = time.perf_counter()
+    subgraphs = partition(graph)
+    distinct = {s.structural_hash: s for s in subgraphs}
+    with ctx.database.scope() as session:
+        device_id = register_device(session, ctx.device)
+        ids = add_subgraphs(session, [s for s in distinct.values() if s.tunable])
+        add_model(session, name=(name or graph.name)[:200], content_hash=content_hash(graph),
+                  subgraph_hashes=[s.structural_hash for s in subgraphs if s.tunable])
+    stages.add("partition", started)
+    report = OptimizeReport(name or graph.name, ctx.backend, ctx.device.name, ctx.toolchain)
+    table = MeasurementTable(ctx.device, ctx.toolchain)
+    measurer = _storing_measurer(table, ctx, worker, config.repeats)
+    search = _Search(ctx, device_id, stages)
+    count = {h: sum(s.structural_hash == h for s in subgraphs) for h in distinct}
+    for n, (h, subgraph) in enumerate(distinct.items()):
+        if progress:
+            progress(n, len(distinct), "+".join(subgraph.ops)[:60])
+        row = SubgraphReport(f"{graph.name} #{n} ({'+'.join(subgraph.ops)[:60]})", subgraph.kind.value, h,
+                             subgraph.ops, count[h], "not tunable", subgraph.not_tunable_reason)
+        if subgraph.tunable:
+            _tune(subgraph, ids[h], row, ctx, measurer, search, config, device_id, stages)
+        report.subgraphs.append(row)
+    if progress:
+        progress(len(distinct), len(distinct), "plan")
+    report.measured = measurer.evaluations
+    started = time.perf_counter()
+    chosen = {r.structural_hash: r for r in report.subgraphs}
+    steps = tuple(_step(s, chosen[s.structural_hash], ctx.backend) for s in subgraphs)
+    target = Target(ctx.backend, ctx.device.name, ctx.device.device_class, ctx.device.arch, ctx.toolchain)
+    plan = Plan(graph, steps, target)
+    stages.add("plan", started)
+    module = None
+    if config.time_model:
+        started = time.perf_counter()
+        plan, module = _time_model(plan, report, ctx, config, params, inputs, reference)
+        stages.add("model timing", started)
+    report.stages_s = stages.seconds
+    plan = replace(plan, report=report.to_json())
+    if module is not None:
+        module.plan = plan
+    return Optimized(plan, report, module)
+
+
+def _storing_measurer(table: MeasurementTable, ctx: Context, worker: Worker, repeats: int) -> Measurer:
+    """A live measurer that stores every batch of measurements in the database as soon as it is taken."""
+
+    def run(task: Task, recipes: list[Recipe]) -> list[RunResult]:
+        results = evaluator(task, backend=ctx.backend, cache_dir=ctx.cache_dir, worker=worker,
+                            repeats=repeats)(recipes)
+        with ctx.database.scope() as session:
+            add_measurements(session, ctx.device, ctx.toolchain, task.key,
+                             [(str(r), m) for r, m in zip(recipes, results, strict=True)])
+        return results
+
+    return Measurer(table, run=run, eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=ctx.backend))
+
+
+class _Search:
+    """The promoted encoder and the persistent index, opened on first use (never when every subgraph is a hit)."""
+
+    def __init__(self, ctx: Context, device_id: int, stages: _Stages) -> None:
+        self.ctx, self.device_id, self.stages = ctx, device_id, stages
+        self.opened = False
+        self.encoder: Encoder | None = None
+        self.index: VectorIndex | None = None
+
+    def open(self) -> None:
+        if self.opened:
+            return
+        started = time.perf_counter()
+        self.opened = True
+        self.encoder = _promoted_encoder(self.ctx, self.device_id)
+        if self.encoder is not None:
+            key = IndexKey(self.ctx.device.device_class, self.encoder.name, self.encoder.version)
+            self.index = VectorIndex.open(self.ctx.database, key, self.ctx.index_dir, self.ctx.index_config)
+        self.stages.add("index", started)
+
+
+def _promoted_encoder(ctx: Context, device_id: int) -> Encoder | None:
+    """The first encoder of :data:`ENCODER_PREFERENCE` with a promoted version; else ``static`` fitted on the
+    device's profiled subgraphs, saved, promoted and used to embed them; None when fewer than 2 are profiled."""
+    for name in ENCODER_PREFERENCE:
+        if ctx.encoders.promoted(name):
+            return ctx.encoders.load(name)
+    with ctx.database.scope() as session:
+        ids = profiled_subgraphs(session, device_id)
+        if len(ids) < 2:
+            return None
+        fitted = fit_encoder(session, "static", device_id=device_id, subgraph_ids=ids, backend=ctx.backend)
+        embed_subgraphs(session, fitted, device_id=device_id, subgraph_ids=ids)
+    ctx.encoders.save(fitted)
+    ctx.encoders.promote("static", fitted.version)
+    return fitted
+
+
+def _tune(subgraph: Subgraph, subgraph_id: int, row: SubgraphReport, ctx: Context, measurer: Measurer,
+          search: _Search, config: OptimizeConfig, device_id: int, stages: _Stages) -> None:
+    h = subgraph.structural_hash
+    started = time.perf_counter()
+    with ctx.database.scope() as session:
+        best = best_recipes(session, device_id=device_id, subgraph_ids=[subgraph_id], toolchain=ctx.toolchain)
+        eager = eager_times(session, device_id=device_id, toolchain=ctx.toolchain, subgraph_ids=[subgraph_id])
+    stages.add("lookup", started)
+    if subgraph_id in best and subgraph_id in eager and _generates(subgraph, best[subgraph_id].recipe, ctx.backend):
+        row.source, row.recipe, row.kernel_s = "hit", best[subgraph_id].recipe, best[subgraph_id].median_s
+        row.eager_s = eager[subgraph_id]
+        row.candidates = [{"recipe": row.recipe, "origin": "stored", "seconds": row.kernel_s, "error": None}]
+        _choose(row, config.margin)
+        return
+    row.source = "transfer"
+    task = replace(make_task(subgraph, seed=config.seed), key=h)
+    search.open()
+    started = time.perf_counter()
+    near: list[Neighbour] = []
+    vector = None
+    if search.encoder is not None and search.index is not None:
+        vector = search.encoder.encode(_features(search.encoder, task, subgraph, measurer, ctx))[0]
+        with ctx.database.scope() as session:
+            near = neighbours(session, search.index, vector, task=task, device_id=device_id, k=config.k,
+                              backend=ctx.backend, exclude={h})
+    stages.add("neighbours", started)
+    started = time.perf_counter()
+    result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=config.k,
+                           fill=config.fill, seed=config.seed)
+    eager_s = measurer.eager(task, h)
+    stages.add("measure", started)
+    row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe}
+                      for n in near]
+    row.candidates = [{"recipe": t.recipe, "origin": t.origin, "seconds": t.result.median_s if t.result.ok else None,
+                       "error": None if t.result.ok else t.result.error_kind} for t in result.tried]
+    ok = [t for t in result.tried if t.result.ok]
+    if ok:
+        fastest = min(ok, key=lambda t: t.result.median_s)
+        row.recipe, row.kernel_s = fastest.recipe, fastest.result.median_s
+    row.eager_s = eager_s if math.isfinite(eager_s) else None
+    _choose(row, config.margin)
+    nearest = min((n.distance for n in near), default=None)
+    row.queued = nearest is None or nearest > config.far_distance
+    with ctx.database.scope() as session:
+        set_eager_time(session, subgraph_id=subgraph_id, device_id=device_id, toolchain=ctx.toolchain,
+                       eager_s=row.eager_s)
+        if math.isfinite(result.default_s):
+            base = Baseline(result.default_s, eager_s)
+            add_profiles(session, device_id, {subgraph_id: profile_vector(task, subgraph, base, ctx.device)})
+            if search.encoder is not None and vector is not None:
+                add_embeddings(session, [EmbeddingIn(subgraph_id, device_id, search.encoder.name,
+                                                     search.encoder.version, vector)])
+        if row.queued:
+            request_crawl(session, subgraph_id=subgraph_id, device_id=device_id, distance=nearest)
+
+
+def _features(encoder: Encoder, task: Task, subgraph: Subgraph, measurer: Measurer, ctx: Context) -> FeatureSet:
+    static = static_vector(subgraph)[None, :]
+    if not encoder.uses_profile:
+        return FeatureSet(static)
+    from service.crawl import baseline
+
+    base = baseline(task, subgraph.structural_hash, measurer, ctx.backend)
+    return FeatureSet(static, profile_vector(task, subgraph, base, ctx.device)[None, :])
+
+
+def _generates(subgraph: Subgraph, recipe: str, backend: str) -> bool:
+    """Whether ``recipe`` still generates a kernel for ``subgraph`` here (stored by an older tunebank, it may not)."""
+    try:
+        kernel_step(subgraph, recipe, backend)
+    except (ScheduleError, EmbedError, ValueError):
+        return False
+    return True
+
+
+def _choose(row: SubgraphReport, margin: float) -> None:
+    """Kernel when it validated and beats eager by more than ``margin`` (or eager cannot run it), else eager."""
+    if row.kernel_s is None:
+        row.choice = "eager"
+    elif row.eager_s is None:
+        row.choice = "kernel"
+    else:
+        row.choice = "kernel" if row.kernel_s * (1 + margin) < row.eager_s else "eager"
+
+
+def _step(subgraph: Subgraph, row: SubgraphReport, backend: str) -> Step:
+    if row.choice == "kernel" and row.recipe is not None:
+        return kernel_step(subgraph, row.recipe, backend)
+    return Step(subgraph.structural_hash, "eager")
+
+
+def random_weights(graph: Graph, device: torch.device, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random values for every graph input and weight, drawn as tunebank draws validation inputs."""
+    arrays = random_inputs(graph, seed=seed)
+    return {n: torch.as_tensor(np.asarray(v)).to(device, TORCH_DTYPES[graph.tensors[n].dtype])
+            for n, v in arrays.items()}
+
+
+def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: OptimizeConfig,
+                params: Mapping[str, torch.Tensor] | None, inputs: Sequence[torch.Tensor] | None,
+                reference: Callable[..., object] | None) -> tuple[Plan, PlanModule | None]:
+    """Time the plan whole against eager (and torch.compile on cuda); fall back to the all-eager plan when the
+    plan is slower. Returns the plan kept and its module (None when the plan cannot run here)."""
+    graph = plan.graph
+    device = torch.device("cuda" if ctx.backend == "cuda" else "cpu")
+    drawn = random_weights(graph, device, seed=config.seed) if params is None or inputs is None else {}
+    params = params if params is not None else {n: drawn[n] for n in graph.inputs
+                                                 if graph.tensors[n].role == TensorRole.PARAM}
+    names = [n for n in graph.inputs if graph.tensors[n].role == TensorRole.INPUT]
+    inputs = list(inputs) if inputs is not None else [drawn[n] for n in names]
+    try:
+        module = PlanModule(plan, params, cache_dir=ctx.cache_dir, device=device)
+        eager = reference or PlanModule(plan.with_all_eager(), params, cache_dir=ctx.cache_dir, device=device,
+                                        cuda_graph=False)
+    except PlanError:
+        return plan, None
+    calls = config.model_calls
+    report.eager_model_s = _none_if_nan(seconds_per_call(eager, inputs, calls=calls))
+    report.model_s = _none_if_nan(seconds_per_call(module, inputs, calls=calls))
+    if ctx.backend == "cuda" and config.compare_compile:
+        compiled = torch.compile(eager)
+        report.compile_model_s = _none_if_nan(seconds_per_call(compiled, inputs, calls=calls))
+    if report.model_s is not None and report.eager_model_s is not None and report.model_s > report.eager_model_s \
+            and plan.kernels:
+        fallback = PlanModule(plan.with_all_eager(), params, cache_dir=ctx.cache_dir, device=device)
+        fallback_s = _none_if_nan(seconds_per_call(fallback, inputs, calls=calls))
+        if fallback_s is not None and fallback_s < report.model_s:
+            plan, module, report.model_s, report.model_fallback = plan.with_all_eager(), fallback, fallback_s, True
+    return plan, module
+
+
+def _none_if_nan(seconds: float) -> float | None:
+    return seconds if math.isfinite(seconds) else None
