@@ -25,7 +25,7 @@ from db.session import Database
 from embed.importers import import_module, load_model
 from embed.ir import Graph, TensorRole, graph_from_json
 from service.embeddings import EncoderStore
-from service.optimize import Context, Optimized, OptimizeConfig, Progress
+from service.optimize import Context, OptimizeConfig, Optimized, Progress
 from service.optimize import optimize as optimize_graph
 from transforms.backends import resolve_backend
 from transforms.plan import Plan, PlanError, read_plan, save_plan
