@@ -1,5 +1,7 @@
-"""Writer processes at once: nothing lost, nothing duplicated; a writer killed mid-transaction leaves nothing."""
+"""Writer processes at once: nothing lost, nothing duplicated; a writer killed mid-transaction leaves nothing;
+workers claiming jobs at once never hold one job twice."""
 
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +11,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from db.models import Measurement, Recipe
+from db.repositories.jobs import enqueue, list_jobs
 from db.repositories.measurements import MeasurementIn, ingest_measurements
 from db.session import Database
 
@@ -66,3 +69,29 @@ def test_killed_writer_leaves_nothing_visible(database: Database, seed) -> None:
     with database.scope() as session:
         assert ingest_measurements(session, records).inserted == N_SUBGRAPHS
     assert _count(database, Measurement) == N_SUBGRAPHS
+
+
+CLAIMER = Path(__file__).with_name("claim_worker.py")
+
+
+def test_workers_claiming_at_once_never_hold_one_job_twice(database: Database) -> None:
+    with database.scope() as session:
+        job_ids = [enqueue(session, "crawl", {"n": i}).id for i in range(150)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    workers = [subprocess.Popen([sys.executable, str(CLAIMER), database.url, f"w{i}"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+               for i in range(3)]
+    for w in workers:
+        assert w.stdout is not None and w.stdout.readline().strip() == "ready", w.stderr.read() if w.stderr else ""
+    for w in workers:  # all at once
+        assert w.stdin is not None
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    outputs = [w.communicate(timeout=120) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+    claimed = {f"w{i}": json.loads(out) for i, (out, _) in enumerate(outputs)}
+    every = [job_id for ids in claimed.values() for job_id in ids]
+    assert sorted(every) == job_ids  # each job claimed by exactly one worker
+    with database.scope() as session:
+        held = {job.id: (job.lease_owner, job.attempts, job.status) for job in list_jobs(session, limit=1000)}
+    assert held == {job_id: (owner, 1, "running") for owner, ids in claimed.items() for job_id in ids}

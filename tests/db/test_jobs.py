@@ -1,6 +1,8 @@
 import datetime as dt
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from db.models import Job
 from db.repositories.jobs import JobStatus, claim_next, enqueue, finish, get_job, heartbeat, list_jobs
@@ -59,3 +61,49 @@ def test_finish_records_result_only_for_the_holder(database: Database) -> None:
         job = get_job(session, job_id)
         assert (job.status, job.result, job.progress, job.lease_owner) == ("succeeded", {"speedup": 2.5}, 1.0, None)
         assert job.finished_at is not None
+
+
+@contextmanager
+def between_select_and_update(database: Database, meanwhile: Callable[[], None]) -> Iterator[None]:
+    """Runs ``meanwhile()`` (in its own transaction) once, right after the next SELECT of the jobs table: another
+    worker acting between a claim's read of the oldest job and its conditional UPDATE."""
+    done: list[bool] = []
+
+    def after(conn, cursor, statement: str, *_: object) -> None:
+        if not done and statement.lstrip().upper().startswith("SELECT") and "jobs" in statement:
+            done.append(True)
+            meanwhile()
+
+    event.listen(database.engine, "after_cursor_execute", after)
+    try:
+        yield
+    finally:
+        event.remove(database.engine, "after_cursor_execute", after)
+    assert done
+
+
+def test_a_job_cancelled_between_read_and_claim_is_not_claimed(database: Database) -> None:
+    with database.scope() as session:
+        job_id = enqueue(session, "crawl", {}).id
+
+    def cancel() -> None:
+        with database.scope() as other:
+            assert finish(other, job_id, owner=None, status=JobStatus.CANCELLED)
+
+    with between_select_and_update(database, cancel), database.scope() as session:
+        assert claim_next(session, owner="w1", lease_s=60) is None
+    with database.scope() as session:
+        assert (get_job(session, job_id).status, get_job(session, job_id).lease_owner) == ("cancelled", None)
+
+
+def test_a_job_claimed_between_read_and_claim_counts_both_claims(database: Database) -> None:
+    with database.scope() as session:
+        job_id = enqueue(session, "crawl", {}).id
+
+    def claim_with_a_lease_already_over() -> None:
+        with database.scope() as other:
+            assert claim_next(other, owner="w0", lease_s=-1).id == job_id
+
+    with between_select_and_update(database, claim_with_a_lease_already_over), database.scope() as session:
+        job = claim_next(session, owner="w1", lease_s=60)
+        assert job is not None and (job.id, job.lease_owner, job.attempts) == (job_id, "w1", 2)

@@ -1,12 +1,14 @@
 import threading
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 from sqlalchemy import delete
 
 from db.errors import IndexConfigError, InvalidRecordError
 from db.index import IndexConfig, IndexKey, Metric, OpenOutcome, VectorIndex
+from db.index.watermark import Watermark
 from db.models import Embedding
 from db.repositories.embeddings import EmbeddingIn, add_embeddings
 from db.session import Database
@@ -28,12 +30,12 @@ def _embed(database: Database, subgraph_ids: list[int], device_id: int, vectors:
 
 
 @pytest.fixture
-def filled(sqlite_database: Database, seed):
-    s = seed(sqlite_database, 60)
+def filled(database: Database, seed):
+    s = seed(database, 60)
     vectors = _vectors(60)
-    _embed(sqlite_database, s.ids, s.device_id, vectors)
-    _embed(sqlite_database, s.ids[:5], s.device_id, _vectors(5, 9), version="2")  # another index: never mixed in
-    return sqlite_database, s, vectors
+    _embed(database, s.ids, s.device_id, vectors)
+    _embed(database, s.ids[:5], s.device_id, _vectors(5, 9), version="2")  # another index: never mixed in
+    return database, s, vectors
 
 
 def _search(index: VectorIndex, database: Database, query: np.ndarray, k: int, kinds=None):
@@ -94,6 +96,7 @@ def test_new_embeddings_are_added_incrementally(filled, tmp_path: Path, seed) ->
     new = _vectors(10, 3)
     _embed(database, extra.ids[60:], s.device_id, new)
     assert index.sync() == 10 and index.ntotal == 70
+    assert Watermark.load(index.watermark_path).count == faiss.read_index(str(index.path)).ntotal == 70  # saved
     assert _search(index, database, new[4], 1)[2][0][0] == extra.ids[64]
     assert index.sync() == 0
     _embed(database, [extra.ids[0]], s.device_id, _vectors(1, 4), version="3")  # another key
@@ -108,6 +111,30 @@ def test_an_index_behind_the_database_catches_up_on_open(filled, tmp_path: Path,
     _embed(database, extra.ids[60:], s.device_id, _vectors(2, 3))
     reopened = VectorIndex.open(database, KEY, tmp_path, IndexConfig())
     assert (reopened.outcome, reopened.ntotal) == (OpenOutcome.LOADED, 62)
+
+
+def test_the_catch_up_on_open_is_persisted(filled, tmp_path: Path, seed) -> None:
+    database, s, _ = filled
+    VectorIndex.open(database, KEY, tmp_path, IndexConfig())
+    extra = seed(database, 62)
+    _embed(database, extra.ids[60:], s.device_id, _vectors(2, 3))
+    reopened = VectorIndex.open(database, KEY, tmp_path, IndexConfig())
+    mark = Watermark.load(reopened.watermark_path)
+    on_disk = faiss.read_index(str(reopened.path))
+    assert mark is not None and (mark.count, mark.last_id, on_disk.ntotal) == (62, reopened.last_id, 62)
+
+
+@pytest.mark.parametrize(("first", "then"), [(Metric.L2, Metric.IP), (Metric.IP, Metric.L2)])
+def test_a_file_of_another_metric_is_rebuilt_not_loaded(filled, tmp_path: Path, first, then) -> None:
+    database, s, vectors = filled
+    VectorIndex.open(database, KEY, tmp_path, IndexConfig(metric=first))
+    reopened = VectorIndex.open(database, KEY, tmp_path, IndexConfig(metric=then))
+    assert (reopened.outcome, reopened.ntotal) == (OpenOutcome.STALE, 60)
+    query = _vectors(1, 11)[0]
+    _, _, subgraphs = _search(reopened, database, query, 5)
+    score = -(vectors @ query) if then is Metric.IP else ((vectors - query) ** 2).sum(axis=1)
+    assert [sid for sid, _ in subgraphs] == [s.ids[i] for i in np.argsort(score)[:5]]
+    assert Watermark.load(reopened.watermark_path).metric == str(then)
 
 
 def test_deleted_rows_or_a_new_factory_make_the_file_stale(filled, tmp_path: Path) -> None:
