@@ -1,0 +1,107 @@
+"""``tunebank optimize MODEL``: a plan for the whole model (hits, transfers, eager fallbacks), its report, and with
+``--out`` the plan file that ``tunebank.load`` runs."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from db.errors import DbError
+from embed.errors import EmbedError
+from embed.registry import UnknownNameError
+from service.optimize import OptimizeReport
+from transforms.backends import BackendUnavailableError
+from transforms.plan import PlanError
+from tunebank.cli.errors import fail
+
+console = Console(highlight=False)
+
+
+def _us(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:.1f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def optimize_command(
+    model: Annotated[str, typer.Argument(help="zoo model name, .onnx file, or IR .json")],
+    out: Annotated[Path | None, typer.Option("--out", help="write the plan file (.tbplan) here")] = None,
+    backend: Annotated[str, typer.Option(help="auto | cpu | cuda (auto: cuda when CuPy sees a GPU)")] = "auto",
+    k: Annotated[int, typer.Option("--k", min=1, max=64, help="neighbours whose recipes are tried per subgraph")] = 5,
+    margin: Annotated[float, typer.Option(min=0.0, max=10.0, help="how much faster than eager a kernel must be "
+                                                                 "to be chosen (0.05: 5%)")] = 0.05,
+    time_model: Annotated[bool, typer.Option("--time/--no-time", help="time the whole plan against eager")] = True,
+    seed: Annotated[int, typer.Option(help="random seed (inputs and fill)")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Optimize MODEL into a plan: per distinct subgraph a stored hit, a transfer from the nearest tuned
+    neighbours, or eager PyTorch when nothing beats it; then the whole model timed against eager."""
+    from tunebank import api
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=as_json) as bar:
+        task = bar.add_task("importing", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=escape(what))
+
+        try:
+            result = api.optimize(model, backend=backend, k=k, margin=margin, time_model=time_model, seed=seed,
+                                  progress=progress)
+            saved = api.save(result, out) if out is not None else None
+        except (EmbedError, DbError, PlanError, UnknownNameError, LookupError, BackendUnavailableError,
+                ValueError, OSError) as e:
+            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    if as_json:
+        document = {**result.report.to_json(), "plan": str(saved) if saved else None}
+        sys.stdout.write(json.dumps(document, allow_nan=False, indent=1) + "\n")
+        return
+    _print(result.report)
+    if saved is not None:
+        console.print(f"plan: {escape(str(saved))} ({result.plan.kernels} kernels, "
+                      f"{len(result.plan.steps) - result.plan.kernels} eager steps)")
+
+
+def _print(report: OptimizeReport) -> None:
+    table = Table(title=escape(f"{report.model}: {len(report.subgraphs)} distinct subgraphs on {report.device}"),
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    widths = {"#": 2, "source": 9, "near": 5, "tried": 5, "runs": 6, "us": 8, "eager us": 8, "x": 6}
+    for column in ("#", "ops", "source", "near", "tried", "runs", "us", "eager us", "x"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis", min_width=widths.get(column, 12),
+                         max_width=16 if column == "ops" else None, justify="left" if column == "ops" else "right")
+    for n, s in enumerate(report.subgraphs):
+        nearest = min((x["distance"] for x in s.neighbours), default=None)
+        near = f"{nearest:.2f}" if nearest is not None else "-"
+        failed = sum(c["error"] is not None for c in s.candidates)
+        tried = f"{len(s.candidates)}" + (f"/{failed}x" if failed else "")
+        chosen = s.kernel_s if s.choice == "kernel" else s.eager_s
+        source = "untunable" if s.source == "not tunable" else s.source + ("*" if s.queued else "")
+        ops = "+".join(s.ops) + (f" x{s.occurrences}" if s.occurrences > 1 else "")
+        table.add_row(str(n), escape(ops), source, near, tried, s.choice, _us(chosen),
+                      _us(s.eager_s), f"{s.speedup:.2f}" if s.speedup else "-")
+    console.print(table)
+    console.print("near: nearest neighbour's distance; tried: candidates/failed; *: queued for the crawler")
+    for n, s in enumerate(report.subgraphs):
+        if s.source == "not tunable":
+            console.print(f"#{n} not tunable: {escape(str(s.reason))}")
+    counts = ", ".join(f"{v} {k}" for k, v in report.counts().items())
+    console.print(f"subgraphs: {escape(counts)}; kernels measured: {report.measured}")
+    if report.model_s is not None:
+        line = f"whole model: plan {_ms(report.model_s)}, eager {_ms(report.eager_model_s)}"
+        if report.speedup:
+            line += f" ({report.speedup:.2f}x eager)"
+        if report.compile_model_s is not None:
+            line += f", torch.compile default {_ms(report.compile_model_s)}"
+        if report.model_fallback:
+            line += "; the kernels lost as a whole, so every subgraph runs eagerly"
+        console.print(line)
+    console.print("wall time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.stages_s.items()))
