@@ -87,3 +87,14 @@ def detect_device(backend: str) -> DeviceSpec:
     if backend == "cuda":
         return cuda_device()
     raise ValueError(f"unknown backend {backend!r}; choose cpu or cuda")
+
+
+def toolchain(backend: str) -> str:
+    """The compiler identity recorded with measurements on ``backend``."""
+    if backend == "cpu":
+        from transforms.compilers.cpu import toolchain_id
+
+        return toolchain_id()
+    from transforms.compilers.cuda import toolchain_id as cuda_toolchain
+
+    return " ".join(t for t in (cuda_toolchain("nvrtc"), cuda_toolchain("nvcc")) if t) or "cuda"

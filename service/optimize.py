@@ -10,7 +10,8 @@ Per distinct subgraph, in partition order:
   profiled subgraphs, saved and promoted), its k nearest neighbours come from the persistent vector index
   (``TUNEBANK_INDEX_FACTORY``), their recipes are adapted, filled, validated and timed
   (``service.transfer.transfer_from``), and eager PyTorch is timed too. Each batch of measurements is stored as
-  soon as it is taken, so Ctrl-C or a crash loses none; the subgraph's baseline, profile and embedding follow.
+  soon as it is taken, so Ctrl-C or a crash loses none (and a rerun measures none of them again); the subgraph's
+  baseline, profile and embedding follow.
   A subgraph with no neighbour of its kind, or whose nearest is farther than ``far_distance``, is queued for the
   crawler (``demand``).
 
@@ -37,7 +38,7 @@ from db.migrate import check_schema
 from db.repositories.baselines import eager_times, request_crawl, set_eager_time
 from db.repositories.embeddings import EmbeddingIn, IndexKey, add_embeddings
 from db.repositories.model_catalog import add_model
-from db.repositories.rankings import best_recipes
+from db.repositories.rankings import best_recipes, stored_results
 from db.session import Database
 from embed.eager import TORCH_DTYPES
 from embed.encoders import Encoder, FeatureSet
@@ -293,6 +294,7 @@ def _tune(subgraph: Subgraph, subgraph_id: int, row: SubgraphReport, ctx: Contex
     with ctx.database.scope() as session:
         best = best_recipes(session, device_id=device_id, subgraph_ids=[subgraph_id], toolchain=ctx.toolchain)
         eager = eager_times(session, device_id=device_id, toolchain=ctx.toolchain, subgraph_ids=[subgraph_id])
+        stored = stored_results(session, subgraph_id=subgraph_id, device_id=device_id, toolchain=ctx.toolchain)
     stages.add("lookup", started)
     if subgraph_id in best and subgraph_id in eager and _generates(subgraph, best[subgraph_id].recipe, ctx.backend):
         row.source, row.recipe, row.kernel_s = "hit", best[subgraph_id].recipe, best[subgraph_id].median_s
@@ -301,6 +303,7 @@ def _tune(subgraph: Subgraph, subgraph_id: int, row: SubgraphReport, ctx: Contex
         _choose(row, config.margin)
         return
     row.source = "transfer"
+    measurer.table.results.setdefault(h, {}).update(stored)  # what an interrupted run measured is not run again
     task = replace(make_task(subgraph, seed=config.seed), key=h)
     search.open()
     started = time.perf_counter()

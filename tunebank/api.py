@@ -39,8 +39,7 @@ ModelSpec = str | Path | Graph | torch.nn.Module
 def context(settings: Settings | None = None, *, backend: str = "auto") -> Context:
     """The embedded context: the settings' database (its schema created or upgraded), this machine's device on
     ``backend``, and the stores under the data dir."""
-    from service.devices import detect_device
-    from tunebank.cli.bench import toolchain
+    from service.devices import detect_device, toolchain
 
     settings = settings or Settings()
     backend = resolve_backend(backend)

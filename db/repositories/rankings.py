@@ -106,3 +106,14 @@ def recipe_outcomes(session: Session, recipe: str, *, device_id: int | None = No
     if device_id is not None:
         query = query.where(Measurement.device_id == device_id)
     return [RecipeOutcome(*row) for row in session.execute(query)]
+
+
+def stored_results(session: Session, *, subgraph_id: int, device_id: int, toolchain: str) -> dict[str, float | str]:
+    """Every recipe measured on a subgraph for a device and toolchain: canonical string -> median seconds, or the
+    error kind of a failure (what a measurer's table holds, so an interrupted run resumes without re-measuring)."""
+    query = (select(Recipe.canonical, Measurement.ok, Measurement.median_s, Measurement.error_kind)
+             .join(Recipe, Recipe.id == Measurement.recipe_id)
+             .where(Measurement.subgraph_id == subgraph_id, Measurement.device_id == device_id,
+                    Measurement.toolchain == toolchain))
+    return {recipe: (median if ok and median is not None else str(error)) for recipe, ok, median, error
+            in session.execute(query)}

@@ -22,6 +22,7 @@ from embed.errors import EmbedError
 from embed.registry import UnknownNameError
 from service.bench_report import report_json, report_markdown
 from service.bench_transfer import BenchConfig, run_bench
+from service.devices import toolchain
 from service.measure import Checkpoint, MeasurementTable, Measurer, MissingMeasurementError, RunStopped, live_measurer
 from tunebank.cli.errors import fail
 from tunebank.settings import Settings
@@ -34,17 +35,6 @@ DEFAULT_MODELS = "bert_encoder-h128-s64-b1,gpt_decoder-h128-s32-b2,mixer_block-h
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
-
-
-def toolchain(backend: str) -> str:
-    """The compiler identity recorded with measurements on ``backend``."""
-    if backend == "cpu":
-        from transforms.compilers.cpu import toolchain_id
-
-        return toolchain_id()
-    from transforms.compilers.cuda import toolchain_id as cuda_toolchain
-
-    return " ".join(t for t in (cuda_toolchain("nvrtc"), cuda_toolchain("nvcc")) if t) or "cuda"
 
 
 def _recording(path: Path) -> dict[str, Any]:
