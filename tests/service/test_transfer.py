@@ -12,15 +12,18 @@ import service.transfer
 from db.index import IndexConfig, VectorIndex
 from db.migrate import upgrade
 from db.models import Embedding, Measurement
+from db.models import Subgraph as DbSubgraph
 from db.session import Database
+from embed import zoo
 from embed.builder import GraphBuilder
 from embed.features import static_features
+from embed.partition import partition
 from embed.subgraph import Subgraph
 from service.crawl import crawl
 from service.embeddings import embed_subgraphs, fit_encoder, profiled_subgraphs
 from service.store import FAILED_LOSS, transfer_pairs
 from service.transfer import Neighbour, random_recipes, transfer_tune
-from tests.service.conftest import synthetic_measurer
+from tests.service.conftest import synthetic_measurer, synthetic_seconds
 from transforms.contraction import LT_ALGOS
 from transforms.recipe import parse
 from transforms.space import RecipeSpace, default_recipe
@@ -66,7 +69,9 @@ def test_crawl_stores_searches_cross_table_and_profiles(tmp_path: Path, tiny_sub
     assert neighbour.structural_hash != query.structural_hash and neighbour.distance > 0
     assert result.tried[0].origin == "default" and result.tried[0].recipe == str(default_recipe(task.program))
     assert result.evaluations == len({t.recipe for t in result.tried}) <= 2
-    assert result.winner_s == min(t.result.score for t in result.tried) and result.speedup >= 1.0
+    cost = {t.recipe: synthetic_seconds(task, parse(t.recipe)) for t in result.tried}  # the cost model, not the run
+    assert (result.winner_s, result.default_s) == (min(cost.values()), cost[str(default_recipe(task.program))])
+    assert result.winner == min(cost, key=cost.get)
     # each neighbour gives its 3 fastest recipes, fastest first, the best one being what per_neighbour=1 took
     sources = [n.source_recipe for n in wide.neighbours]
     times = [measurer.table.results[neighbour.structural_hash][r] for r in sources]
@@ -134,3 +139,35 @@ def _features(subgraph: Subgraph):  # noqa: ANN202
     from embed.encoders import FeatureSet
 
     return FeatureSet(static_features(make_task(subgraph).program, family_hash=subgraph.family_hash).as_array())
+
+
+def test_transfer_takes_exactly_the_k_nearest_neighbours(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    upgrade(database.engine)
+    shapes = [(32, 128, 16), (32, 128, 48), (32, 256, 32), (32, 256, 8), (32, 512, 16), (32, 512, 64), (32, 384, 24)]
+    softmaxes = [s for h, v, t in shapes for s in partition(zoo.load(f"lm_head-h{h}-v{v}-t{t}"))
+                 if s.tunable and s.kind == "reduction"]
+    measurer = synthetic_measurer()
+    crawl(database, softmaxes, measurer, backend="cpu", strategy="random", budget=3, cross=False)
+    with database.scope() as session:
+        ids = profiled_subgraphs(session, 1)
+        encoder = fit_encoder(session, "static", device_id=1, subgraph_ids=ids, backend="cpu")
+        key = embed_subgraphs(session, encoder, device_id=1, subgraph_ids=ids)
+        stored = {s.structural_hash: np.frombuffer(v, dtype=np.float32) for s, v in session.execute(
+            select(DbSubgraph, Embedding.vector).join(Embedding, Embedding.subgraph_id == DbSubgraph.id)
+            .where(Embedding.encoder == "static"))}
+    index = VectorIndex.open(database, key, tmp_path / "index", IndexConfig("Flat"))
+    query = softmaxes[0]
+    task, vector = make_task(query), encoder.encode(_features(query))[0]
+    others = sorted((h for h in stored if h != query.structural_hash),
+                    key=lambda h: float(((stored[h] - vector) ** 2).sum()))
+    assert len(others) == len(shapes) - 1
+    for k in (1, 3, 5):
+        with database.scope() as session:
+            result = transfer_tune(task, query.structural_hash, vector, session=session, index=index, device_id=1,
+                                   measurer=measurer, backend="cpu", k=k, exclude={query.structural_hash})
+        assert [n.structural_hash for n in result.neighbours] == others[:k]
+        for n in result.neighbours:  # each gives its fastest measured recipe, and that recipe is tried
+            measured = measurer.table.results[n.structural_hash]
+            assert n.source_recipe == min(measured, key=measured.get)
+            assert n.recipe in {t.recipe for t in result.tried if t.origin in ("neighbour", "default")}
