@@ -13,7 +13,7 @@ def eager_times(session: Session, *, device_id: int, toolchain: str,
     """Stored eager seconds by subgraph id (None: eager cannot run it there); subgraphs without one are absent."""
     query = select(Baseline.subgraph_id, Baseline.eager_s).where(
         Baseline.device_id == device_id, Baseline.toolchain == toolchain, Baseline.subgraph_id.in_(list(subgraph_ids)))
-    return dict(session.execute(query).tuples().all())
+    return {subgraph_id: eager_s for subgraph_id, eager_s in session.execute(query)}
 
 
 def set_eager_time(session: Session, *, subgraph_id: int, device_id: int, toolchain: str,

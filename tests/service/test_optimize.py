@@ -1,0 +1,131 @@
+"""optimize on the cpu backend, with real kernels: hits, transfers, eager fallbacks and untunable ops in one report;
+a second run that measures nothing; plans that compute what eager computes."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import func, select
+
+from db.index import IndexConfig
+from db.migrate import upgrade
+from db.models import Baseline, Demand, Measurement
+from db.session import Database
+from embed.importers import import_module
+from service.embeddings import EncoderStore
+from service.optimize import Context, OptimizeConfig, SubgraphReport, _choose, optimize
+from tests.service.conftest import DEVICE
+from transforms.compilers.cpu import toolchain_id
+from transforms.plan_runtime import PlanModule
+from transforms.run import Worker
+
+FAST = {"k": 2, "repeats": 3, "model_calls": 3}
+
+
+class Encoder(torch.nn.Module):
+    """linear -> add + layer norm: the seed model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.n = torch.nn.Linear(32, 32), torch.nn.LayerNorm(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.n(self.a(x) + x)
+
+
+class WithCumsum(Encoder):
+    """The seed model's layers (same shapes: hits), an op outside the op set, a new linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = torch.nn.Linear(32, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b(torch.cumsum(super().forward(x), dim=-1)))
+
+
+def _graph(module: torch.nn.Module):
+    return import_module(module.eval(), (torch.randn(16, 32),))
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> Context:
+    database = Database(f"sqlite:///{tmp_path / 'tb.db'}")
+    upgrade(database.engine)
+    yield Context(database, DEVICE, toolchain_id(), "cpu", tmp_path / "kernels", tmp_path / "index",
+                  IndexConfig("Flat"), EncoderStore(tmp_path / "encoders"))
+    database.dispose()
+
+
+def _count(ctx: Context, table: type) -> int:
+    with ctx.database.scope() as session:
+        return int(session.scalar(select(func.count()).select_from(table)))
+
+
+def test_hits_transfers_eager_fallbacks_and_an_untunable_op_in_one_report_then_a_second_run_measures_nothing(
+        ctx: Context) -> None:
+    # a margin no kernel can beat: every tunable subgraph falls back to eager, whatever the timings
+    config = OptimizeConfig(margin=1e9, time_model=False, **FAST)
+    with Worker() as worker:
+        seed = optimize(_graph(Encoder()), ctx, worker=worker, config=config)
+        assert {s.source for s in seed.report.subgraphs} == {"transfer"}
+        assert seed.report.measured > 0 and _count(ctx, Measurement) == seed.report.measured
+        first = optimize(_graph(WithCumsum()), ctx, worker=worker, config=config)
+        stored = _count(ctx, Measurement)
+        second = optimize(_graph(WithCumsum()), ctx, worker=worker, config=config)
+    rows = {tuple(s.ops): s for s in first.report.subgraphs}
+    assert rows[("matmul",)].source == rows[("add", "add", "layer_norm")].source == "hit"
+    assert rows[("add", "add", "layer_norm")].candidates[0]["origin"] == "stored"
+    assert rows[("opaque",)].source == "not tunable" and "cumsum" in rows[("opaque",)].reason
+    assert rows[("matmul", "add", "relu")].source == "transfer"
+    assert rows[("matmul", "add", "relu")].neighbours, "the seed model's GEMM is a neighbour"
+    tunable = [s for s in first.report.subgraphs if s.source != "not tunable"]
+    assert all(s.choice == "eager" and s.kernel_s is not None and s.eager_s is not None for s in tunable)
+    assert [s.impl for s in first.plan.steps] == ["eager"] * len(first.plan.steps)
+    # the second run: every tunable subgraph a hit, nothing measured, nothing stored
+    assert {s.source for s in second.report.subgraphs} == {"hit", "not tunable"}
+    assert second.report.measured == 0 and _count(ctx, Measurement) == stored
+    assert _count(ctx, Baseline) == len({s.structural_hash for s in tunable} |
+                                        {s.structural_hash for s in seed.report.subgraphs})
+    queued = {s.structural_hash for s in [*seed.report.subgraphs, *first.report.subgraphs] if s.queued}
+    assert queued and _count(ctx, Demand) == len(queued)
+
+
+def test_the_plan_of_chosen_kernels_computes_what_eager_computes(ctx: Context) -> None:
+    module = Encoder().eval()
+    graph = _graph(module)
+    # a negative margin chooses every validated kernel, so the plan runs generated code wherever it can
+    with Worker() as worker:
+        result = optimize(graph, ctx, worker=worker, config=OptimizeConfig(margin=-1.0, time_model=False, **FAST))
+    assert result.plan.kernels == len(result.plan.steps) > 0
+    params = {n: t.detach() for n, t in [*module.named_parameters(), *module.named_buffers()]}
+    plan = PlanModule(result.plan, params, cache_dir=ctx.cache_dir)
+    x = torch.randn(16, 32)
+    with torch.no_grad():
+        expected = module(x)
+    torch.testing.assert_close(plan(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_whole_model_is_timed_and_never_reported_slower_than_its_all_eager_fallback(ctx: Context) -> None:
+    with Worker() as worker:
+        result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=-1.0, **FAST))
+    report = result.report
+    assert report.model_s is not None and report.eager_model_s is not None and result.module is not None
+    assert set(report.stages_s) >= {"partition", "measure", "plan", "model timing"}
+    if report.model_fallback:
+        assert result.plan.kernels == 0
+    assert result.plan.report["model_s"] == report.model_s
+
+
+@pytest.mark.parametrize(("kernel_s", "eager_s", "margin", "choice"), [
+    (1.0, 2.0, 0.05, "kernel"),
+    (1.0, 1.04, 0.05, "eager"),  # within the margin: eager
+    (1.0, 1.06, 0.05, "kernel"),
+    (None, 1.0, 0.05, "eager"),  # nothing validated
+    (1.0, None, 0.05, "kernel"),  # eager cannot run it
+])
+def test_a_kernel_is_chosen_only_when_it_beats_eager_by_the_margin(kernel_s: float | None, eager_s: float | None,
+                                                                  margin: float, choice: str) -> None:
+    row = SubgraphReport("s", "reduction", "h", ["softmax"], 1, "transfer", kernel_s=kernel_s, eager_s=eager_s)
+    _choose(row, margin)
+    assert row.choice == choice
