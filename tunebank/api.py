@@ -131,10 +131,14 @@ def compile(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], **o
     """``module`` optimized into a plan and bound to its own weights: an ``nn.Module`` with the same inputs and
     outputs (``.plan.report`` says what was chosen and the times against the module itself)."""
     result = optimize(module, example_inputs, reference=module, **options)
-    if result.module is None:
-        settings = options.get("settings") or Settings()
-        return PlanModule(result.plan, _named_tensors(module), cache_dir=settings.data_dir / "kernels")
-    return result.module
+    return result.module or bind(result.plan, _named_tensors(module), settings=options.get("settings"))
+
+
+def bind(plan: Plan, params: dict[str, torch.Tensor], *, device: str | None = None,
+         settings: Settings | None = None) -> PlanModule:
+    """``plan`` as a runnable module over the weights ``params`` (kernels compiled into the settings' cache)."""
+    settings = settings or Settings()
+    return PlanModule(plan, params, cache_dir=settings.data_dir / "kernels", device=device)
 
 
 def save(result: Optimized | PlanModule, path: str | Path) -> Path:
@@ -164,9 +168,8 @@ def load(path: str | Path, *, params: dict[str, torch.Tensor] | None = None, dev
             params = decode(weights)
         except (SafetensorError, ValueError) as e:
             raise PlanError(f"{Path(path).name}: its weights are unreadable ({e})") from None
-    settings = settings or Settings()
-    return PlanModule(plan, params, cache_dir=settings.data_dir / "kernels", device=device)
+    return bind(plan, params, device=device, settings=settings)
 
 
-__all__ = ["Optimized", "Plan", "PlanError", "PlanModule", "compile", "context", "import_model", "load",
+__all__ = ["Optimized", "Plan", "PlanError", "PlanModule", "bind", "compile", "context", "import_model", "load",
            "model_weights", "optimize", "save"]

@@ -19,10 +19,13 @@ def _weights_as_params(graph: Graph, names: set[str]) -> Graph:
     return graph.model_copy(update={"tensors": tensors})
 
 
-def tunebank_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
-    """The compiled callable of one captured graph (``options``: those of ``tunebank.optimize``)."""
+def tunebank_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,
+                     mode: str | None = None) -> Callable[..., Any]:
+    """The compiled callable of one captured graph. ``torch.compile(..., options={...})`` passes keyword arguments of
+    ``tunebank.optimize`` (``backend``, ``k``, ``margin``...); ``mode`` is ignored."""
     from tunebank import api
 
+    options = dict(options or {})
     try:
         if not all(isinstance(t, torch.Tensor) for t in example_inputs):
             raise ValueError("the graph takes non-tensor inputs (dynamic shapes)")
@@ -34,12 +37,10 @@ def tunebank_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **
         graph = _weights_as_params(graph, set(weights))
         positions = [i for i, n in enumerate(graph.inputs) if n not in weights]
         result = api.optimize(graph, [example_inputs[i] for i in positions], params=dict(weights), **options)
-        if result.module is None:
-            raise ValueError("its plan cannot run here")
+        module = result.module or api.bind(result.plan, dict(weights), settings=options.get("settings"))
     except Exception as e:  # any graph tunebank cannot take runs as PyTorch would run it
         warnings.warn(f"tunebank: this graph runs in eager PyTorch ({type(e).__name__}: {e})", stacklevel=2)
         return gm.forward
-    module = result.module
 
     def run(*args: Any) -> tuple[torch.Tensor, ...]:
         out = module(*(args[i] for i in positions))
