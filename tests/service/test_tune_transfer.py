@@ -14,7 +14,12 @@ from embed import zoo
 from embed.partition import partition
 from embed.subgraph import Subgraph
 from service.crawl import crawl
-from tests.service.conftest import synthetic_measurer
+from service.measure import MeasurementTable, Measurer
+from tests.service.conftest import DEVICE, synthetic_measurer, synthetic_seconds
+from transforms.recipe import Recipe, parse
+from transforms.results import RunResult
+from transforms.space import default_recipe
+from transforms.tune import Task, make_task
 from tunebank.cli import tune
 from tunebank.cli.tune import tune_command
 
@@ -24,15 +29,28 @@ QUERY = "lm_head-h64-v128-t16"  # same kinds as the crawled tiny models, other s
 @pytest.fixture
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[CliRunner, typer.Typer, Database]:
     monkeypatch.setenv("TUNEBANK_DATA_DIR", str(tmp_path))
-    monkeypatch.setattr(tune, "transfer_measurer", lambda backend, cache_dir, worker: synthetic_measurer())
+    monkeypatch.setattr(tune, "transfer_measurer", lambda backend, cache_dir, worker, **_: synthetic_measurer())
     app = typer.Typer()
     app.command()(tune_command)
     database = Database(f"sqlite:///{tmp_path / 'tunebank.db'}")
     return CliRunner(), app, database
 
 
+def picky_measurer() -> Measurer:
+    """The synthetic cost model, but every recipe faster than the task's default recipe fails validation (and
+    still reports its time, as a kernel timed before it was checked would)."""
+
+    def run(task: Task, recipes: list[Recipe]) -> list[RunResult]:
+        default = synthetic_seconds(task, default_recipe(task.program))
+        return [RunResult(ok=synthetic_seconds(task, r) >= default, median_s=synthetic_seconds(task, r), repeats=1,
+                          error_kind=None if synthetic_seconds(task, r) >= default else "wrong") for r in recipes]
+
+    return Measurer(MeasurementTable(DEVICE, "synthetic"), run=run, eager_time=lambda task: 1.5e-3)
+
+
 def test_tune_transfer_reports_neighbours_and_a_validated_winner(cli: tuple[CliRunner, typer.Typer, Database],
-                                                                  tiny_subgraphs: list[Subgraph]) -> None:
+                                                                  tiny_subgraphs: list[Subgraph],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     runner, app, database = cli
     args = [QUERY, "--strategy", "transfer", "--backend", "cpu", "--k", "2"]
     empty = runner.invoke(app, args)
@@ -49,10 +67,20 @@ def test_tune_transfer_reports_neighbours_and_a_validated_winner(cli: tuple[CliR
     rows = json.loads(result.output)
     query = {s.structural_hash for s in partition(zoo.load(QUERY)) if s.tunable}
     assert {r["structural_hash"] for r in rows} == query and len(rows) == 2
-    for row in rows:
+    tasks = {s.structural_hash: make_task(s) for s in partition(zoo.load(QUERY)) if s.tunable}
+    defaults = {h: str(default_recipe(t.program)) for h, t in tasks.items()}
+    for row in rows:  # the fastest of the default and the neighbours' recipes by the cost model, all of them valid
         assert 1 <= len(row["neighbours"]) <= 2 and {n["structural_hash"] for n in row["neighbours"]} <= stored
-        assert 1 <= row["evaluations"] <= 3 and row["winner_s"] <= row["default_s"] and row["speedup"] >= 1.0
-        assert row["winner"] in {n["recipe"] for n in row["neighbours"]} or row["speedup"] == 1.0
+        cost = {r: synthetic_seconds(tasks[row["structural_hash"]], parse(r))
+                for r in {defaults[row["structural_hash"]], *(n["recipe"] for n in row["neighbours"])}}
+        assert row["evaluations"] == len(cost) and row["winner"] == min(cost, key=cost.get)
+        assert (row["winner_s"], row["default_s"]) == (min(cost.values()), cost[defaults[row["structural_hash"]]])
+    assert any(row["winner"] != defaults[row["structural_hash"]] for row in rows)  # a neighbour's recipe won
+
+    # now every recipe faster than the default computes wrong outputs: the winner is the default, the only valid one
+    monkeypatch.setattr(tune, "transfer_measurer", lambda backend, cache_dir, worker, **_: picky_measurer())
+    picky = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert [(r["winner"], r["speedup"]) for r in picky] == [(defaults[r["structural_hash"]], 1.0) for r in rows]
     table = runner.invoke(app, [*args, "--local-budget", "2", "--encoder", "learned"])
     assert table.exit_code == 0, table.output
     assert "transfer (learned, k 2, local budget 2)" in table.output and "winner (validated)" in table.output
