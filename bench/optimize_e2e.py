@@ -241,6 +241,40 @@ column("default")(compile_column("default"))
 column("max-autotune")(compile_column("max-autotune"))
 
 
+@column("tunebank")
+def tunebank_column(module: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
+    """``tunebank.compile`` transferring from a copy of the database at ``$TUNEBANK_E2E_DB`` (built from a recording
+    whose models exclude this one), so no model sees what another held-out model stored; a fresh data dir per model
+    (cold kernel cache, encoder fitted from that database). compile_s: cold seconds to optimize."""
+    import shutil
+
+    import tunebank
+    from tunebank.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="tunebank-") as tmp:
+        shutil.copy(os.environ["TUNEBANK_E2E_DB"], Path(tmp) / "tunebank.db")
+        settings = Settings(data_dir=Path(tmp))
+        start = time.perf_counter()
+        fast = tunebank.compile(module, inputs, settings=settings, compare_compile=False)
+        optimize_s = time.perf_counter() - start
+        out, _ = first_call(fast, inputs)
+        out = [t.clone() for t in _flat(out)]
+        report = fast.plan.report
+        summary = {"kernels": fast.plan.kernels, "steps": len(fast.plan.steps), "measured": report.get("measured"),
+                   "model_fallback": report.get("model_fallback"), "stages_s": report.get("stages_s"),
+                   "sources": _sources(report)}
+        return measure(fast, module, inputs, compile_s=optimize_s, first_output=out, **summary)
+
+
+def _sources(report: dict[str, Any]) -> dict[str, int]:
+    """How many distinct subgraphs were hits / transfers and which ran a kernel or eager."""
+    counts: dict[str, int] = {}
+    for row in report.get("subgraphs", []):
+        key = f"{row['source']}, {row['choice']}"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 # -- the checkpoint ------------------------------------------------------------------------------------------------
 
 
