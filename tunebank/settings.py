@@ -24,3 +24,10 @@ class Settings(BaseSettings):
     def index_dir(self) -> Path:
         """Where vector index files live: beside the SQLite file, or under data_dir for PostgreSQL."""
         return self.data_dir / "index"
+
+    crawl_dirs: str = Field(default="", description="folders of .onnx models the crawler tunes, ':'-separated")
+    job_lease_s: float = Field(default=60.0, gt=0, description="job lease: a dead worker's job is taken over after it")
+
+    @property
+    def crawl_dir_list(self) -> list[str]:
+        return [d for d in self.crawl_dirs.split(":") if d.strip()]

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from db.models import Job
@@ -136,3 +136,95 @@ def finish(
     if status == JobStatus.SUCCEEDED:
         values["progress"] = 1.0
     return session.execute(query.values(**values)).rowcount == 1
+
+
+def save_checkpoint(session: Session, job_id: int, *, owner: str, checkpoint: dict[str, Any]) -> bool:
+    """Store a running job's resumable state (in ``result["checkpoint"]``) if ``owner`` still holds it."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == owner, Job.status == JobStatus.RUNNING)
+        .values(result={"checkpoint": checkpoint}, updated_at=_now())
+    )
+    return result.rowcount == 1
+
+
+def checkpoint_of(job: Job) -> dict[str, Any]:
+    """The state a job saved with ``save_checkpoint`` before it was interrupted (empty when none)."""
+    return dict((job.result or {}).get("checkpoint") or {}) if job.status == JobStatus.RUNNING else {}
+
+
+def requeue_expired(session: Session, *, kinds: Collection[str] | None = None) -> int:
+    """Put running jobs whose lease expired (their worker died) back in the queue; returns how many."""
+    now = _now()
+    query = update(Job).where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < now)
+    if kinds is not None:
+        query = query.where(Job.kind.in_(sorted(kinds)))
+    values = {"status": JobStatus.QUEUED, "lease_owner": None, "lease_expires_at": None, "updated_at": now}
+    return session.execute(query.values(**values)).rowcount
+
+
+# Locks: one row per name in the jobs table (kind ``lock:NAME``, status ``lock``, never claimed as a job); the
+# holder is its lease owner until the lease expires. Taking one is a conditional UPDATE of that row, so two
+# processes never hold it at once, on SQLite and on PostgreSQL.
+LOCK_STATUS = "lock"
+
+
+def _lock_id(session: Session, name: str) -> int:
+    kind = f"lock:{name}"
+    if session.get_bind().dialect.name == "postgresql":  # SQLite serializes writers by itself
+        session.execute(select(func.pg_advisory_xact_lock(func.hashtext(kind))))
+    query = select(Job.id).where(Job.kind == kind, Job.status == LOCK_STATUS).order_by(Job.id).limit(1)
+    lock_id = session.scalar(query)
+    if lock_id is None:  # two processes may both add one: everyone uses the lowest id
+        with session.begin_nested():
+            session.add(Job(kind=kind, status=LOCK_STATUS, params={}, progress=0.0, attempts=0))
+        lock_id = session.scalar(query)
+    assert lock_id is not None
+    return lock_id
+
+
+def acquire_lock(session: Session, name: str, *, owner: str, lease_s: float,
+                 take_from: Collection[str] = ()) -> bool:
+    """Take (or renew) lock ``name`` for ``owner`` for ``lease_s`` seconds: True when ``owner`` holds it now.
+
+    It is free when nobody holds it, its lease expired, or its holder is in ``take_from`` (holders known dead)."""
+    lock_id = _lock_id(session, name)
+    now = _now()
+    free = or_(Job.lease_owner.is_(None), Job.lease_expires_at < now, Job.lease_owner.in_([owner, *take_from]))
+    taken = session.execute(
+        update(Job).where(Job.id == lock_id, free)
+        .values(lease_owner=owner, lease_expires_at=now + dt.timedelta(seconds=lease_s), updated_at=now)
+    )
+    return taken.rowcount == 1
+
+
+def lock_holder(session: Session, name: str) -> tuple[str, dt.datetime] | None:
+    """Who holds lock ``name`` and until when (``None`` when it is free)."""
+    row = session.execute(
+        select(Job.lease_owner, Job.lease_expires_at)
+        .where(Job.kind == f"lock:{name}", Job.status == LOCK_STATUS, Job.lease_owner.is_not(None))
+        .order_by(Job.id).limit(1)
+    ).first()
+    if row is None or row.lease_expires_at is None:
+        return None
+    expires = row.lease_expires_at if row.lease_expires_at.tzinfo else row.lease_expires_at.replace(tzinfo=dt.UTC)
+    return (row.lease_owner, expires) if expires >= _now() else None
+
+
+def release_lock(session: Session, name: str, *, owner: str) -> bool:
+    result = session.execute(
+        update(Job).where(Job.kind == f"lock:{name}", Job.status == LOCK_STATUS, Job.lease_owner == owner)
+        .values(lease_owner=None, lease_expires_at=None, updated_at=_now())
+    )
+    return result.rowcount > 0
+
+
+def requeue_owned(session: Session, *, owners: Collection[str], kinds: Collection[str] | None = None) -> int:
+    """Put the running jobs that ``owners`` hold back in the queue (owners known dead, or one that stops)."""
+    if not owners:
+        return 0
+    query = update(Job).where(Job.status == JobStatus.RUNNING, Job.lease_owner.in_(sorted(owners)))
+    if kinds is not None:
+        query = query.where(Job.kind.in_(sorted(kinds)))
+    values = {"status": JobStatus.QUEUED, "lease_owner": None, "lease_expires_at": None, "updated_at": _now()}
+    return session.execute(query.values(**values)).rowcount

@@ -3,6 +3,7 @@
 import typer
 
 from tunebank.cli import bench, db, embed
+from tunebank.cli.crawl import crawl_command
 from tunebank.cli.inspect import inspect_command
 from tunebank.cli.optimize import optimize_command
 from tunebank.cli.tune import tune_command
@@ -16,6 +17,7 @@ app = typer.Typer(
 app.command("inspect")(inspect_command)
 app.command("tune")(tune_command)
 app.command("optimize")(optimize_command)
+app.command("crawl")(crawl_command)
 app.add_typer(db.app, name="db")
 app.add_typer(embed.app, name="embed")
 app.add_typer(bench.app, name="bench")

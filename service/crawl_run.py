@@ -1,0 +1,305 @@
+"""A whole crawl, resumable: pick the subgraphs (open demand first, then zoo models, then ONNX files in folders),
+tune the ones not yet crawled on this device and toolchain, run the cross table, then retrain the learned encoder
+when enough new data arrived (``service.crawl_encoder``).
+
+    result = run_crawl(database, CrawlParams(models=("lm_head",), backend="cpu", budget=8), measurer,
+                       store=EncoderStore(dir), progress=progress)
+
+Every measurement and eager time is stored as soon as it is taken (with the job's id), and the measurer starts
+from what the database holds, so a restarted crawl replays the searches it interrupted without running a kernel
+twice. A subgraph's profile, its demand rows and the crawl's checkpoint commit in one transaction, and the
+checkpoint fixes the crawl's subgraphs and the best recipes the cross table applies: a crawl killed at any point
+and restarted ends with the database an uninterrupted one would have left.
+"""
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from db.models import Baseline, Demand, Embedding, Measurement, Recipe
+from db.models import Subgraph as SubgraphRow
+from db.repositories._insert import insert_ignore_count
+from db.repositories.measurements import MeasurementIn, ingest_measurements
+from db.repositories.rankings import best_recipes
+from db.session import Database
+from embed import zoo
+from embed.importers import load_model
+from embed.ir import Graph, graph_from_json
+from embed.partition import partition
+from embed.subgraph import Subgraph, SubgraphKind
+from service.crawl import baseline, cross_recipes, profile_vector, tune_one
+from service.crawl_encoder import encoder_step
+from service.embeddings import EncoderStore
+from service.jobs import JobProgress
+from service.measure import Measurer
+from service.store import PROFILE_ENCODER, add_profiles, add_subgraphs, register_device
+from transforms.recipe import Recipe as RecipeSteps
+from transforms.recipe import parse
+from transforms.results import RunResult
+from transforms.tune import Task, make_task
+
+log = logging.getLogger(__name__)
+
+#: Fractions of a crawl's progress at which its phases start.
+TUNE, CROSS, ENCODER = 0.0, 0.85, 0.95
+
+
+@dataclass(frozen=True)
+class CrawlParams:
+    """What a crawl tunes and how; a job's params (``to_params`` / ``from_params`` round-trip)."""
+
+    models: tuple[str, ...] = ()  # zoo names or family aliases
+    families: tuple[str, ...] = ()  # zoo families ("all": every one), at ``sizes``
+    sizes: str = "default"  # default (each family's default member) | grid (every member) | N (first N members)
+    onnx_dirs: tuple[str, ...] = ()  # folders searched for *.onnx
+    demand: bool = True  # the subgraphs optimize queued because their nearest neighbour was far
+    backend: str = "cpu"
+    strategy: str = "evolutionary"
+    budget: int = 32
+    seed: int = 0
+    cross: bool = True
+    retrain_min: int = 8  # new profiled subgraphs since the last training that trigger a new learned encoder
+
+    def to_params(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "CrawlParams":
+        known = {f.name for f in fields(cls)}
+        unknown = set(params) - known
+        if unknown:
+            raise ValueError(f"unknown crawl parameter(s): {', '.join(sorted(unknown))}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})
+
+
+def zoo_names(params: CrawlParams) -> list[str]:
+    """The zoo models a crawl covers, in order, without repeats."""
+    families = zoo.families() if "all" in params.families else list(params.families)
+    names = list(params.models)
+    for name in families:
+        members = zoo.FAMILIES.get(name).members()
+        if params.sizes == "default":
+            names.append(name)
+        elif params.sizes == "grid":
+            names.extend(members)
+        elif params.sizes.isdigit():
+            names.extend(members[: int(params.sizes)])
+        else:
+            raise ValueError(f"bad sizes {params.sizes!r}; use default, grid or a number of grid members")
+    return list(dict.fromkeys(names))
+
+
+def onnx_files(folders: Sequence[str]) -> list[Path]:
+    return sorted({p for folder in folders for p in Path(folder).expanduser().rglob("*.onnx") if p.is_file()})
+
+
+def model_graphs(params: CrawlParams) -> list[Graph]:
+    return [load_model(f"zoo:{n}") for n in zoo_names(params)] + [load_model(str(p)) for p in
+                                                                  onnx_files(params.onnx_dirs)]
+
+
+def stored_subgraph(row: SubgraphRow) -> Subgraph:
+    """A subgraph as the database holds it (canonical IR, kind and hashes)."""
+    return Subgraph(graph_from_json(row.ir_json), SubgraphKind(row.kind), row.structural_hash, row.family_hash, (), ())
+
+
+def _open_demand(session: Session, device_id: int) -> list[int]:
+    query = (select(Demand.subgraph_id).where(Demand.device_id == device_id, Demand.status == "open")
+             .order_by(Demand.requests.desc(), Demand.id))
+    return list(dict.fromkeys(session.scalars(query)))
+
+
+def _crawled(session: Session, device_id: int, toolchain: str, ids: Sequence[int]) -> set[int]:
+    """Subgraphs with a profile on the device and an eager baseline for the toolchain: crawled before."""
+    profiled = select(Embedding.subgraph_id).where(Embedding.device_id == device_id,
+                                                   Embedding.encoder == PROFILE_ENCODER)
+    query = select(Baseline.subgraph_id).where(Baseline.device_id == device_id, Baseline.toolchain == toolchain,
+                                               Baseline.subgraph_id.in_(list(ids)), Baseline.subgraph_id.in_(profiled))
+    return set(session.scalars(query))
+
+
+class Crawl:
+    """One crawl's state: its device, measurer (stored as it measures), subgraphs and checkpoint."""
+
+    def __init__(self, database: Database, params: CrawlParams, measurer: Measurer, *, store: EncoderStore,
+                 progress: JobProgress) -> None:
+        self.database, self.params, self.store, self.progress = database, params, store, progress
+        self.device, self.toolchain = measurer.table.device, measurer.table.toolchain
+        self.inner = measurer
+        self.measurer = Measurer(type(measurer.table)(self.device, self.toolchain), run=self._run,
+                                 eager_time=self._eager)
+        self.checkpoint = dict(progress.checkpoint)
+        self.measured = 0
+
+    # measurements go to the database as they are taken
+    def _run(self, task: Task, recipes: list[RecipeSteps]) -> list[RunResult]:
+        assert self.inner.run is not None, "a crawl needs a measurer that can run kernels"
+        results = self.inner.run(task, recipes)
+        records = [MeasurementIn(task.key, str(r), self.device.name, self.toolchain, m.median_s if m.ok else None,
+                                 m.iqr_s if m.ok else None, m.repeats, m.ok, m.error_kind if not m.ok else None,
+                                 job_id=self.progress.job_id) for r, m in zip(recipes, results, strict=True)]
+        with self.database.scope() as session:
+            self.measured += ingest_measurements(session, records).inserted
+        return results
+
+    def _eager(self, task: Task) -> float:
+        assert self.inner.eager_time is not None, "a crawl needs a measurer that can run eager PyTorch"
+        seconds = self.inner.eager_time(task)
+        with self.database.scope() as session:
+            insert_ignore_count(session, Baseline.__table__, ["subgraph_id", "device_id", "toolchain"],
+                                ["subgraph_id", "device_id", "toolchain", "eager_s"],
+                                [(self.ids[task.key], self.device_id, self.toolchain,
+                                  seconds if math.isfinite(seconds) else None)])
+        return seconds
+
+    def _preload(self, session: Session) -> None:
+        """What the database already holds for the crawl's subgraphs on this device and toolchain."""
+        by_id = {i: h for h, i in self.ids.items()}
+        for page in _pages(list(by_id)):
+            rows = session.execute(
+                select(Measurement.subgraph_id, Recipe.canonical, Measurement.ok, Measurement.median_s,
+                       Measurement.error_kind).join(Recipe, Recipe.id == Measurement.recipe_id)
+                .where(Measurement.device_id == self.device_id, Measurement.toolchain == self.toolchain,
+                       Measurement.subgraph_id.in_(page)))
+            for sid, recipe, ok, median, error in rows:
+                self.measurer.table.results.setdefault(by_id[sid], {})[recipe] = median if ok else str(error)
+            eager = session.execute(select(Baseline.subgraph_id, Baseline.eager_s).where(
+                Baseline.device_id == self.device_id, Baseline.toolchain == self.toolchain,
+                Baseline.subgraph_id.in_(page)))
+            self.measurer.table.eager.update((by_id[sid], seconds) for sid, seconds in eager)
+
+    def _plan(self) -> None:
+        """Store the crawl's subgraphs and fix them (and which need tuning) in the checkpoint."""
+        graphs = model_graphs(self.params)
+        found = [s for g in graphs for s in partition(g) if s.tunable]
+        with self.database.scope() as session:
+            self.device_id = register_device(session, self.device)
+            ids = add_subgraphs(session, found)
+            demand = _open_demand(session, self.device_id) if self.params.demand else []
+            rows = {r.id: r for r in session.scalars(select(SubgraphRow).where(SubgraphRow.id.in_(demand)))}
+            hashes = list(dict.fromkeys([rows[i].structural_hash for i in demand] + [s.structural_hash for s in found]))
+            ids.update((rows[i].structural_hash, i) for i in demand)
+            done = _crawled(session, self.device_id, self.toolchain, [ids[h] for h in hashes]) - set(demand)
+            todo = [h for h in hashes if ids[h] not in done]
+            self.checkpoint = {"subgraphs": hashes, "todo": todo, "next": 0, "models": len(graphs)}
+            self.progress.save(self.checkpoint, session)
+
+    def _load(self) -> None:
+        hashes = self.checkpoint["subgraphs"]
+        with self.database.scope() as session:
+            self.device_id = register_device(session, self.device)
+            rows = list(session.scalars(select(SubgraphRow).where(SubgraphRow.structural_hash.in_(hashes))))
+            self.ids = {r.structural_hash: r.id for r in rows}
+            self.subgraphs = {r.structural_hash: stored_subgraph(r) for r in rows}
+            self._preload(session)
+        self.tasks: dict[str, Task] = {}
+
+    def task(self, key: str) -> Task:
+        if key not in self.tasks:
+            self.tasks[key] = replace(make_task(self.subgraphs[key], seed=self.params.seed), key=key)
+        return self.tasks[key]
+
+    def tune(self) -> None:
+        todo = self.checkpoint["todo"]
+        for n in range(self.checkpoint["next"], len(todo)):
+            key = todo[n]
+            self.progress(TUNE + (CROSS - TUNE) * n / max(len(todo), 1), f"tune {n + 1}/{len(todo)}")
+            task, backend = self.task(key), self.params.backend
+            base = baseline(task, key, self.measurer, backend)
+            tune_one(task, key, self.measurer, backend=backend, strategy=self.params.strategy,
+                     budget=self.params.budget, seed=self.params.seed)
+            vector = profile_vector(task, self.subgraphs[key], base, self.device)
+            with self.database.scope() as session:
+                add_profiles(session, self.device_id, {self.ids[key]: vector})
+                session.execute(update(Demand).where(Demand.subgraph_id == self.ids[key],
+                                                     Demand.device_id == self.device_id).values(status="crawled"))
+                self.checkpoint = {**self.checkpoint, "next": n + 1}
+                self.progress.save(self.checkpoint, session)
+
+    def bests(self) -> dict[str, str]:
+        """Best recipe of each crawled subgraph, fixed once tuning ends (the cross table's sources)."""
+        if "best" not in self.checkpoint:
+            with self.database.scope() as session:
+                best = best_recipes(session, device_id=self.device_id, subgraph_ids=list(self.ids.values()),
+                                    toolchain=self.toolchain)
+                by_id = {i: h for h, i in self.ids.items()}
+                self.checkpoint = {**self.checkpoint, "best": {by_id[i]: t.recipe for i, t in sorted(best.items())}}
+                self.progress.save(self.checkpoint, session)
+        return self.checkpoint["best"]
+
+    def cross(self) -> int:
+        """Each subgraph with the best recipes of the same-kind ones, where one of the two is newly tuned."""
+        best, keys, tuned = self.bests(), self.checkpoint["subgraphs"], set(self.checkpoint["todo"])
+        applied = 0
+        for n, key in enumerate(keys):
+            self.progress(CROSS + (ENCODER - CROSS) * n / max(len(keys), 1), f"cross {n + 1}/{len(keys)}")
+            kind = self.subgraphs[key].kind
+            sources = {h: r for h, r in best.items()
+                       if h != key and self.subgraphs[h].kind == kind and (key in tuned or h in tuned)}
+            recipes = sorted(set(cross_recipes(self.task(key).program, self.params.backend, sources).values()))
+            self.measurer.measure(self.task(key), key, [parse(r) for r in recipes])
+            applied += len(recipes)
+        return applied
+
+    def run(self) -> dict[str, Any]:
+        if "subgraphs" not in self.checkpoint:
+            self.progress(0.0, "loading models")
+            self._plan()
+        self._load()
+        self.tune()
+        applied = self.cross() if self.params.cross else 0
+        self.progress(ENCODER, "encoder")
+        encoder = encoder_step(self.database, self.store, device_id=self.device_id, backend=self.params.backend,
+                               retrain_min=self.params.retrain_min, seed=self.params.seed, progress=self.progress,
+                               checkpoint=self.checkpoint)
+        self.progress(1.0, "done")
+        with self.database.scope() as session:
+            measured = session.scalar(select(func.count()).select_from(Measurement)
+                                      .where(Measurement.job_id == self.progress.job_id))
+        return {"models": self.checkpoint["models"], "subgraphs": len(self.checkpoint["subgraphs"]),
+                "tuned": len(self.checkpoint["todo"]),
+                "skipped": len(self.checkpoint["subgraphs"]) - len(self.checkpoint["todo"]),
+                "measured": int(measured or 0),
+                "cross_applications": applied, "device": self.device.name, "toolchain": self.toolchain,
+                "encoder": encoder}
+
+
+def _pages(items: list[int], size: int = 1000) -> list[list[int]]:
+    return [items[i: i + size] for i in range(0, len(items), size)]
+
+
+def run_crawl(database: Database, params: CrawlParams, measurer: Measurer, *, store: EncoderStore,
+              progress: JobProgress) -> dict[str, Any]:
+    """Run (or resume, from ``progress.checkpoint``) one crawl; returns its summary."""
+    return Crawl(database, params, measurer, store=store, progress=progress).run()
+
+
+def toolchain_of(backend: str) -> str:
+    """The compiler identity recorded with measurements on ``backend`` (as ``tunebank bench`` records it)."""
+    if backend == "cpu":
+        from transforms.compilers.cpu import toolchain_id
+
+        return toolchain_id()
+    from transforms.compilers.cuda import toolchain_id as cuda_toolchain
+
+    return " ".join(t for t in (cuda_toolchain("nvrtc"), cuda_toolchain("nvcc")) if t) or "cuda"
+
+
+def crawl_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
+    """The ``crawl`` job kind: a crawl on this machine's device with a live measurer."""
+    from service.devices import detect_device
+    from service.measure import MeasurementTable, live_measurer
+    from transforms.run import Worker
+
+    crawl, context = CrawlParams.from_params(params), progress.context
+    with Worker() as worker:
+        table = MeasurementTable(detect_device(crawl.backend), toolchain_of(crawl.backend))
+        measurer = live_measurer(table, backend=crawl.backend, cache_dir=context.data_dir / "kernels", worker=worker)
+        return run_crawl(context.database, crawl, measurer, store=EncoderStore(context.data_dir / "encoders"),
+                         progress=progress)

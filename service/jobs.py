@@ -1,0 +1,253 @@
+"""Jobs: kinds registered by name, run by an executor over the jobs table (the embedded default; Celery workers run
+the same functions).
+
+    JOB_KINDS.register_lazy("optimize", "service.optimize:optimize_job")   # function(params, progress) -> dict
+    job_id = submit(database, "crawl", params)
+    Executor(JobContext(database, data_dir, index_dir), lease_s=60).run_until_idle()
+
+A running job holds a lease that a heartbeat thread renews; when its process dies the lease expires (or, on the
+same host, its pid is gone) and the next executor claims it again, ``attempts`` counting the claims. A job function
+gets ``progress``: ``progress(fraction, message)`` reports, ``progress.checkpoint`` is the state the previous
+attempt saved with ``progress.save(state, session)``, so a resumable job goes on where it stopped. Kinds in
+``EXCLUSIVE`` run one at a time across processes: the executor takes the kind's database lock before claiming one.
+"""
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from db.models import Job
+from db.repositories import jobs
+from db.repositories.jobs import JobStatus
+from db.session import Database
+from embed.registry import Registry
+
+log = logging.getLogger(__name__)
+
+JobFunction = Callable[[dict[str, Any], "JobProgress"], dict[str, Any]]
+JOB_KINDS: Registry[JobFunction] = Registry("job kind")
+JOB_KINDS.register_lazy("crawl", "service.crawl_run:crawl_job")
+EXCLUSIVE = {"crawl": "crawl"}  # kind -> the lock its jobs hold while they run
+MAX_ATTEMPTS = {"crawl": 20}  # a crawl resumes where it stopped, so every attempt makes progress
+DEFAULT_MAX_ATTEMPTS = 3
+
+Listener = Callable[[float, str], None]
+
+
+class LeaseLostError(RuntimeError):
+    """This worker no longer holds the job (its lease expired and another worker claimed it)."""
+
+
+def new_owner() -> str:
+    """A lease owner id: host, pid and a random tag."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """Whether ``owner`` names a process of this host that no longer exists (other hosts: unknown, False)."""
+    parts = owner.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def dead_owners(session: Session) -> list[str]:
+    """Lease owners of running jobs and locks that are dead processes of this host."""
+    query = select(Job.lease_owner).where(Job.lease_owner.is_not(None)).distinct()
+    return [o for o in session.scalars(query) if owner_is_dead(o)]
+
+
+def submit(database: Database, kind: str, params: dict[str, Any]) -> int:
+    """Queue a job of a registered kind; returns its id."""
+    JOB_KINDS.get(kind)  # unknown kinds fail here, listing the known ones
+    with database.scope() as session:
+        return jobs.enqueue(session, kind, params).id
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the entry point that runs jobs (CLI, app, worker) passes them from its settings."""
+
+    database: Database
+    data_dir: Path  # kernel cache, encoder files
+    index_dir: Path  # vector index files
+
+
+class JobProgress:
+    """What a job function gets: report progress, read and save its checkpoint, and its ``context``."""
+
+    def __init__(self, context: JobContext, job: Job, owner: str, listener: Listener | None = None) -> None:
+        self.context, self.job_id, self.owner, self.listener = context, job.id, owner, listener
+        self.database = context.database
+        self.attempt = job.attempts
+        self.checkpoint: dict[str, Any] = jobs.checkpoint_of(job)
+        self.fraction = job.progress
+        self.lost = False
+
+    def __call__(self, fraction: float, message: str = "") -> None:
+        if self.lost:
+            raise LeaseLostError(f"job {self.job_id}: lease lost to another worker")
+        self.fraction = fraction
+        if self.listener is not None:
+            self.listener(fraction, message)
+
+    def save(self, checkpoint: dict[str, Any], session: Session | None = None) -> None:
+        """Store ``checkpoint`` (in ``session``'s transaction, so it commits with the work it describes)."""
+        with contextlib.nullcontext(session) if session is not None else self.database.scope() as s:
+            if not jobs.save_checkpoint(s, self.job_id, owner=self.owner, checkpoint=checkpoint):
+                self.lost = True
+                raise LeaseLostError(f"job {self.job_id}: lease lost to another worker")
+        self.checkpoint = checkpoint
+
+
+class _Heartbeat:
+    """Renews a job's lease (and its lock) every ``lease_s / 3`` seconds in a thread."""
+
+    def __init__(self, database: Database, progress: JobProgress, lease_s: float, lock: str | None) -> None:
+        self.database, self.progress, self.lease_s, self.lock = database, progress, lease_s, lock
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name=f"heartbeat-{progress.job_id}")
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.lease_s / 3):
+            try:
+                with self.database.scope() as session:
+                    held = jobs.heartbeat(session, self.progress.job_id, owner=self.progress.owner,
+                                          lease_s=self.lease_s, progress=self.progress.fraction)
+                    if self.lock is not None:
+                        jobs.acquire_lock(session, self.lock, owner=self.progress.owner, lease_s=self.lease_s)
+                if not held:
+                    self.progress.lost = True
+                    return
+            except Exception:  # a database hiccup: try again at the next beat
+                log.exception("job %s: heartbeat failed", self.progress.job_id)
+
+    def __enter__(self) -> "_Heartbeat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
+class Executor:
+    """Claims jobs of ``kinds`` (default: every registered kind) from the table and runs them in this process."""
+
+    def __init__(self, context: JobContext, *, kinds: Collection[str] | None = None, lease_s: float = 60.0,
+                 owner: str | None = None, registry: Registry[JobFunction] = JOB_KINDS) -> None:
+        self.context, self.database, self.lease_s, self.registry = context, context.database, lease_s, registry
+        self.kinds = sorted(kinds if kinds is not None else registry.names())
+        self.owner = owner or new_owner()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._held: set[str] = set()
+
+    def recover(self) -> int:
+        """Re-queue this executor's kinds of jobs whose worker died (lease expired, or a dead pid of this host)."""
+        with self.database.scope() as session:
+            dead = dead_owners(session)
+            n = jobs.requeue_expired(session, kinds=self.kinds)
+            n += jobs.requeue_owned(session, owners=dead, kinds=self.kinds)
+        return n
+
+    @contextlib.contextmanager
+    def holding(self, lock: str) -> Iterator[bool]:
+        """Take lock ``lock`` for this executor while the block runs; yields whether it was taken (re-entrant)."""
+        if lock in self._held:
+            yield True
+            return
+        with self.database.scope() as session:
+            taken = jobs.acquire_lock(session, lock, owner=self.owner, lease_s=self.lease_s,
+                                      take_from=dead_owners(session))
+        if taken:
+            self._held.add(lock)
+        try:
+            yield taken
+        finally:
+            if taken:
+                self._held.discard(lock)
+                with self.database.scope() as session:
+                    jobs.release_lock(session, lock, owner=self.owner)
+
+    def _claim(self, kind: str) -> Job | None:
+        with self.database.scope() as session:
+            return jobs.claim_next(session, owner=self.owner, lease_s=self.lease_s, kinds={kind},
+                                   max_attempts=MAX_ATTEMPTS.get(kind, DEFAULT_MAX_ATTEMPTS))
+
+    def run_next(self, listener: Listener | None = None) -> Job | None:
+        """Claim and run one job (oldest first within a kind); ``None`` when there was none to claim."""
+        self.recover()
+        for kind in self.kinds:
+            lock = EXCLUSIVE.get(kind)
+            with contextlib.nullcontext(True) if lock is None else self.holding(lock) as free:
+                job = self._claim(kind) if free else None
+                if job is not None:
+                    return self.run(job, listener, lock=lock)
+        return None
+
+    def run(self, job: Job, listener: Listener | None = None, *, lock: str | None = None) -> Job:
+        """Run a job this executor claimed, and finish it (succeeded, or failed with the error)."""
+        progress = JobProgress(self.context, job, self.owner, listener)
+        log.info("job %s (%s) attempt %s: started", job.id, job.kind, job.attempts)
+        try:
+            with _Heartbeat(self.database, progress, self.lease_s, lock):
+                result = self.registry.get(job.kind)(dict(job.params), progress)
+        except LeaseLostError:
+            log.warning("job %s: lease lost; another worker goes on with it", job.id)
+        except KeyboardInterrupt:
+            with self.database.scope() as session:
+                jobs.requeue_owned(session, owners=[self.owner], kinds=[job.kind])
+            raise
+        except Exception as e:  # a job's failure is its result; the executor goes on
+            log.exception("job %s (%s) failed", job.id, job.kind)
+            with self.database.scope() as session:
+                jobs.finish(session, job.id, owner=self.owner, status=JobStatus.FAILED,
+                            error=f"{type(e).__name__}: {e}"[:2000])
+        else:
+            with self.database.scope() as session:
+                jobs.finish(session, job.id, owner=self.owner, status=JobStatus.SUCCEEDED, result=result)
+        with self.database.scope() as session:
+            return jobs.get_job(session, job.id)
+
+    def run_until_idle(self, listener: Listener | None = None) -> list[Job]:
+        """Run jobs until none is left to claim; the jobs run, in order."""
+        done = []
+        while (job := self.run_next(listener)) is not None:
+            done.append(job)
+        return done
+
+    def start(self, poll_s: float = 1.0) -> None:
+        """Run jobs in a background thread until ``stop()``, polling the table every ``poll_s`` seconds when idle."""
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    if self.run_next() is None:
+                        self._stop.wait(poll_s)
+                except Exception:
+                    log.exception("executor loop")
+                    self._stop.wait(poll_s)
+
+        self._thread = threading.Thread(target=loop, daemon=True, name="tunebank-jobs")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,0 +1,158 @@
+"""Crawls as jobs, killed with SIGKILL and restarted: the database ends as after an uninterrupted crawl, and no
+kernel is measured twice. The crawl runs in child processes (this file run as a script), with the synthetic
+measurer so that both crawls take the same decisions; the child kills itself at a measurement or a progress step.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from db.migrate import upgrade
+from db.models import Baseline, Demand, Device, Embedding, Job, Measurement, Recipe, Subgraph
+from db.session import Database
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("lm_head-h64-v256-t32", "cnn_head-c32-i7-b1")
+DEMANDED = "lm_head-h32-v128-t16"  # a model no crawl names: one of its subgraphs is in the demand queue
+PARAMS = {"models": list(MODELS), "budget": 3, "retrain_min": 2}
+
+
+def child(db_url: str, data_dir: Path, log: Path, kill: str = "") -> subprocess.CompletedProcess:
+    """Run ``crawl_once`` in a child; ``kill``: ``measure:N`` (at the N-th measuring call) or ``progress:TEXT``."""
+    command = [sys.executable, __file__, db_url, str(data_dir), str(log), json.dumps(PARAMS), kill]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def seed_demand(db_url: str) -> None:
+    from embed import zoo
+    from embed.partition import partition
+    from service.store import add_subgraphs, register_device
+    from tests.service.conftest import DEVICE
+
+    database = Database(db_url)
+    upgrade(database.engine)
+    subgraph = next(s for s in partition(zoo.load(DEMANDED)) if s.tunable and s.kind.value != "contraction")
+    with database.scope() as session:
+        device_id = register_device(session, DEVICE)
+        ids = add_subgraphs(session, [subgraph])
+        session.add(Demand(subgraph_id=ids[subgraph.structural_hash], device_id=device_id, distance=3.0))
+    database.dispose()
+
+
+def snapshot(db_url: str, data_dir: Path) -> dict[str, Any]:
+    """The database by natural keys (no row ids or times), and the encoder files."""
+    database = Database(db_url)
+    with database.scope() as session:
+        hashes = dict(session.execute(select(Subgraph.id, Subgraph.structural_hash)).all())
+        recipes = dict(session.execute(select(Recipe.id, Recipe.canonical)).all())
+        devices = dict(session.execute(select(Device.id, Device.name)).all())
+        kinds = dict(session.execute(select(Job.id, Job.kind)).all())
+        state = {
+            "subgraphs": sorted(hashes.values()),
+            "measurements": sorted((hashes[m.subgraph_id], recipes[m.recipe_id], devices[m.device_id], m.toolchain,
+                                    m.median_s, m.ok, m.error_kind, kinds.get(m.job_id))
+                                   for m in session.scalars(select(Measurement))),
+            "baselines": sorted((hashes[b.subgraph_id], devices[b.device_id], b.toolchain, b.eager_s)
+                                for b in session.scalars(select(Baseline))),
+            "embeddings": sorted((hashes[e.subgraph_id], devices[e.device_id], e.encoder, e.encoder_version,
+                                  e.vector.hex()) for e in session.scalars(select(Embedding))),
+            "demand": sorted((hashes[d.subgraph_id], d.status) for d in session.scalars(select(Demand))),
+            "crawls": sorted((j.status, json.dumps(j.result, sort_keys=True))
+                             for j in session.scalars(select(Job).where(Job.kind == "crawl"))),
+            "encoders": sorted(str(p.relative_to(data_dir)) for p in (data_dir / "encoders").rglob("*")),
+        }
+        state["promoted"] = [p.read_text() for p in sorted((data_dir / "encoders").rglob("promoted"))]
+    database.dispose()
+    return state
+
+
+def measured(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.slow
+def test_a_crawl_killed_three_times_ends_like_an_uninterrupted_one_and_a_second_crawl_measures_nothing(tmp_path: Path) -> None:
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    for folder in (reference, resumed):
+        folder.mkdir()
+        seed_demand(f"sqlite:///{folder / 'tunebank.db'}")
+
+    url = f"sqlite:///{reference / 'tunebank.db'}"
+    done = child(url, reference, reference / "measured.log")
+    assert done.returncode == 0, done.stderr
+    expected = snapshot(url, reference)
+    again = child(url, reference, reference / "again.log")  # the same crawl again measures nothing
+    assert again.returncode == 0, again.stderr
+    assert not measured(reference / "again.log") and (json.loads(again.stdout)["measured"], json.loads(
+        again.stdout)["tuned"]) == (0, 0)
+
+    url = f"sqlite:///{resumed / 'tunebank.db'}"
+    for kill in ("measure:4", "progress:cross 2/", "progress:encoder: training"):
+        killed = child(url, resumed, resumed / "measured.log", kill)
+        assert killed.returncode == -signal.SIGKILL, f"{kill}: not killed\n{killed.stderr}"
+    done = child(url, resumed, resumed / "measured.log")
+    assert done.returncode == 0, done.stderr
+
+    assert snapshot(url, resumed) == expected
+    assert len(measured(resumed / "measured.log")) == len(set(measured(resumed / "measured.log")))  # none twice
+    assert sorted(measured(resumed / "measured.log")) == sorted(measured(reference / "measured.log"))
+    assert ("crawled" in {status for _, status in expected["demand"]}) and expected["promoted"]
+    database = Database(url)
+    with database.scope() as session:
+        (job,) = session.scalars(select(Job).where(Job.kind == "crawl"))
+        assert (job.status, job.attempts) == ("succeeded", 4)
+    database.dispose()
+
+
+def main(db_url: str, data_dir: str, log: str, params: str, kill: str) -> None:
+    """The child: one ``crawl_once`` with the synthetic measurer; prints the job's result."""
+    from embed.registry import Registry
+    from service.crawl_run import CrawlParams, run_crawl
+    from service.crawl_schedule import crawl_once
+    from service.embeddings import EncoderStore
+    from service.jobs import Executor, JobContext
+    from service.measure import Measurer
+    from tests.service.conftest import synthetic_measurer
+
+    what, _, where = kill.partition(":")
+    calls = 0
+    synthetic = synthetic_measurer()
+
+    def run(task, recipes):  # noqa: ANN001, ANN202
+        nonlocal calls
+        calls += 1
+        if what == "measure" and calls == int(where):
+            os.kill(os.getpid(), signal.SIGKILL)
+        with open(log, "a") as out:
+            out.writelines(f"{task.key} {r}\n" for r in recipes)
+        return synthetic.run(task, recipes)
+
+    def listen(fraction: float, message: str) -> None:
+        if what == "progress" and message.startswith(where):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def crawl(params: dict[str, Any], progress: Any) -> dict[str, Any]:
+        measurer = Measurer(synthetic.table, run=run, eager_time=synthetic.eager_time)
+        return run_crawl(progress.context.database, CrawlParams.from_params(params), measurer,
+                         store=EncoderStore(Path(data_dir) / "encoders"), progress=progress)
+
+    registry = Registry("job kind")
+    registry.register("crawl", crawl)
+    database = Database(db_url)
+    executor = Executor(JobContext(database, Path(data_dir), Path(data_dir) / "index"), kinds={"crawl"},
+                        registry=registry)
+    job = crawl_once(executor, json.loads(params), listener=listen)
+    print(json.dumps(job.result if job.status == "succeeded" else {"error": job.error}))
+    sys.exit(0 if job.status == "succeeded" else 1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])
