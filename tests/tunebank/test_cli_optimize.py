@@ -1,0 +1,84 @@
+"""``tunebank optimize`` as a user runs it: the report, the plan file, JSON, and Ctrl-C in the middle."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "gpt_decoder-h64-s16-b1"
+SMALL = "lm_head-h64-v256-t32"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tunebank", *args]
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    return {**os.environ, "TUNEBANK_DATA_DIR": str(data_dir), "COLUMNS": "80"}
+
+
+def _measurements(db: Path) -> list[tuple[str, str]]:
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as conn:
+        try:
+            return conn.execute("SELECT s.structural_hash, r.canonical FROM measurements m JOIN subgraphs s "
+                                "ON s.id = m.subgraph_id JOIN recipes r ON r.id = m.recipe_id").fetchall()
+        except sqlite3.OperationalError:  # the schema is not there yet
+            return []
+
+
+def test_ctrl_c_keeps_what_was_measured_and_the_rerun_measures_only_the_rest(tmp_path: Path) -> None:
+    db = tmp_path / "tunebank.db"
+    proc = subprocess.Popen(_cli("optimize", MODEL, "--backend", "cpu", "--k", "2", "--no-time"), cwd=ROOT,
+                            env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(_measurements(db)) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, "optimize ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    kept = _measurements(db)
+    assert len(kept) >= 4
+    rerun = subprocess.run(_cli("optimize", MODEL, "--backend", "cpu", "--k", "2", "--no-time", "--json"), cwd=ROOT,
+                           env=_env(tmp_path), capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(rerun.stdout)
+    after = _measurements(db)
+    assert set(kept) <= set(after) and len(after) == len(set(after))
+    # every candidate of the rerun's transfers was measured once over both runs: what was kept is not run again
+    transfers = {s["structural_hash"] for s in report["subgraphs"] if s["source"] == "transfer"}
+    tried = sum(len(s["candidates"]) for s in report["subgraphs"] if s["source"] == "transfer")
+    kept_there = sum(h in transfers for h, _ in kept)
+    assert report["measured"] == tried - kept_there
+    assert report["measured"] < tried or kept_there == 0
+
+
+def test_optimize_writes_a_plan_and_strict_json(tmp_path: Path) -> None:
+    plan = tmp_path / "m.tbplan"
+    done = subprocess.run(_cli("optimize", SMALL, "--backend", "cpu", "--k", "1", "--out", str(plan), "--json"),
+                          cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(done.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert report["plan"] == str(plan) and plan.is_file()
+    assert report["model_s"] is not None and report["eager_model_s"] is not None
+    table = subprocess.run(_cli("optimize", SMALL, "--backend", "cpu", "--k", "1", "--no-time"), cwd=ROOT,
+                           env=_env(tmp_path), capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = [line.split() for line in table.splitlines() if line.strip()[:1].isdigit()]
+    assert rows and {r[2] for r in rows} == {"hit"}, table
+    assert max(len(line) for line in table.splitlines()) <= 80
+
+
+def test_a_bad_model_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    done = subprocess.run(_cli("optimize", str(bad), "--backend", "cpu"), cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert not _measurements(tmp_path / "tunebank.db")
