@@ -388,8 +388,9 @@ def run(ckpt: Checkpoint, pairs: Sequence[tuple[str, str]], *, build: Callable[[
     try:
         for model, col in pairs:
             if built is None or built[0] != model:
-                built = None
-                _free()
+                if built is not None:
+                    built = None
+                    _free()
                 built = (model, build(model))
             module, inputs = built[1]
             started = utc_now()
@@ -485,6 +486,7 @@ def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None) 
                          f"(min {min(speedups[c]):.2f}x, max {max(speedups[c]):.2f}x)")
     problems = [f"{m} / {c}: {e.get('status')}: {e.get('error') or e.get('note', '')}"
                 for m, es in results.items() for c, e in es.items() if e.get("status") not in ("ok",)]
+    problems += [f"{m} / {c}: not run" for m, es in results.items() for c in cols if c not in es]
     if problems:
         lines += ["", "Not measured:", ""] + [f"- {p}" for p in problems]
     return "\n".join(lines) + "\n"

@@ -93,6 +93,7 @@ def test_report_table_speedups_and_missing() -> None:
                 "m2": {"eager": {"status": "ok", "ms": 1.0},
                        "default": {"status": "ok", "ms": 2.0, "compile_s": 1.0, "max_rel_err": 0.0},
                        "max-autotune": {"status": "error", "error": "boom"}},
+                "m3": {"eager": {"status": "ok", "ms": 1.0}},
             }}
     text = e2e.report(data, origin=lambda m: "new")
     rows = [line for line in text.splitlines() if line.startswith(("| m1 ", "| m2 "))]
@@ -100,6 +101,7 @@ def test_report_table_speedups_and_missing() -> None:
     assert "unfinished (>512 s)" in rows[0] and "error" in rows[1] and "0.50x" in rows[1]
     assert "geomean speedup over eager 1.00x over 2 models (min 0.50x, max 2.00x)" in text
     assert "NVIDIA H200" in text and "abc1234" in text and "m2 / max-autotune: error: boom" in text
+    assert "m3 / default: not run" in text and "m3 / max-autotune: not run" in text
     assert text.index("default ms") < text.index("max-autotune ms")  # COLUMNS order
 
 
