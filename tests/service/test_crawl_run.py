@@ -24,11 +24,15 @@ DEMANDED = "lm_head-h32-v128-t16"  # a model no crawl names: one of its subgraph
 PARAMS = {"models": list(MODELS), "budget": 3, "retrain_min": 2}
 
 
-def child(db_url: str, data_dir: Path, log: Path, kill: str = "") -> subprocess.CompletedProcess:
-    """Run ``crawl_once`` in a child; ``kill``: ``measure:N`` (at the N-th measuring call) or ``progress:TEXT``."""
-    command = [sys.executable, __file__, db_url, str(data_dir), str(log), json.dumps(PARAMS), kill]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def child(db_url: str, data_dir: Path, log: Path, kill: str = "", params: dict | None = None,
+          run: bool = True) -> Any:
+    """Run ``crawl_once`` in a child; ``kill``: ``measure:N`` (at the N-th measuring call) or ``progress:TEXT``;
+    ``schedule:N``: crawl every second on a cron schedule, and exit after N crawls."""
+    command = [sys.executable, __file__, db_url, str(data_dir), str(log), json.dumps(params or PARAMS), kill]
+    options = {"cwd": ROOT, "text": True, "env": {**os.environ, "PYTHONPATH": str(ROOT)}}
+    if not run:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
+    return subprocess.run(command, capture_output=True, timeout=300, **options)
 
 
 def seed_demand(db_url: str) -> None:
@@ -79,7 +83,7 @@ def measured(log: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_crawl_killed_three_times_ends_like_an_uninterrupted_one_and_a_second_crawl_measures_nothing(tmp_path: Path) -> None:
+def test_a_crawl_killed_three_times_ends_like_an_uninterrupted_one_and_a_rerun_measures_nothing(tmp_path: Path) -> None:
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     for folder in (reference, resumed):
         folder.mkdir()
@@ -110,6 +114,24 @@ def test_a_crawl_killed_three_times_ends_like_an_uninterrupted_one_and_a_second_
         (job,) = session.scalars(select(Job).where(Job.kind == "crawl"))
         assert (job.status, job.attempts) == ("succeeded", 4)
     database.dispose()
+
+
+def test_two_schedulers_on_one_database_never_crawl_at_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tunebank.db'}"
+    seed_demand(url)
+    schedulers = [child(url, tmp_path, tmp_path / "measured.log", "schedule:3", {**PARAMS, "seed": seed}, run=False)
+                  for seed in (1, 2)]
+    for scheduler in schedulers:
+        _, stderr = scheduler.communicate(timeout=300)
+        assert scheduler.returncode == 0, stderr
+    database = Database(url)
+    with database.scope() as session:
+        crawls = sorted((j.started_at, j.finished_at, j.params["seed"])
+                        for j in session.scalars(select(Job).where(Job.kind == "crawl")))
+    database.dispose()
+    assert len(crawls) == 6 and {seed for *_, seed in crawls} == {1, 2}
+    for (_, finished, _), (started, _, _) in zip(crawls, crawls[1:], strict=False):
+        assert finished <= started, "two crawls ran at once"
 
 
 def main(db_url: str, data_dir: str, log: str, params: str, kill: str) -> None:
@@ -149,9 +171,33 @@ def main(db_url: str, data_dir: str, log: str, params: str, kill: str) -> None:
     database = Database(db_url)
     executor = Executor(JobContext(database, Path(data_dir), Path(data_dir) / "index"), kinds={"crawl"},
                         registry=registry)
+    if what == "schedule":
+        schedule_crawls(executor, json.loads(params), int(where))
     job = crawl_once(executor, json.loads(params), listener=listen)
     print(json.dumps(job.result if job.status == "succeeded" else {"error": job.error}))
     sys.exit(0 if job.status == "succeeded" else 1)
+
+
+def schedule_crawls(executor: Any, params: dict[str, Any], crawls: int) -> None:
+    """Crawl every second (skipping while another process crawls); exit after ``crawls`` crawls."""
+    from service.crawl_schedule import CrawlBusyError, crawl_once, schedule
+
+    done = 0
+
+    def fire() -> None:
+        nonlocal done
+        try:
+            job = crawl_once(executor, params)
+        except CrawlBusyError:
+            return
+        if job.status != "succeeded":
+            print(job.error, file=sys.stderr)
+            os._exit(1)
+        done += 1
+        if done == crawls:
+            os._exit(0)
+
+    schedule("* * * * * *", fire)
 
 
 if __name__ == "__main__":
