@@ -1,7 +1,6 @@
 """Generated C against the float64 reference: every zoo subgraph kind and op, default and random recipes."""
 
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +46,6 @@ def subgraphs() -> list[Subgraph]:
 
 
 def test_zoo_default_and_random_recipes_validate(subgraphs: list[Subgraph], worker: Worker, tmp_path: Path) -> None:
-    start = time.monotonic()
     kinds = {s.kind.value for s in subgraphs}
     assert kinds == {"pointwise", "reduction", "contraction", "convolution", "sparse", "layout"}
     rng = random.Random(0)
@@ -60,7 +58,6 @@ def test_zoo_default_and_random_recipes_validate(subgraphs: list[Subgraph], work
             if not result.ok:
                 failures.append(f"{sub.kind.value} {sub.ops} {recipe}: {result.error_kind} {result.error[:200]}")
     assert not failures, "\n".join(failures)
-    assert time.monotonic() - start < 80
 
 
 def _layer_norm(dtype: str) -> Graph:

@@ -1,8 +1,8 @@
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -85,11 +85,17 @@ def test_buffer_copies_exceed_twice_the_l2_cache():
 
 
 def test_timing_stops_early_for_a_slow_candidate_but_keeps_a_minimum(monkeypatch):
-    monkeypatch.setattr(worker, "TIMING_BUDGET_S", 0.05)
-    slow = worker.CpuBackend().time(lambda: time.sleep(0.03), warmup=0, repeats=50, call_s=0.03)
-    fast = worker.CpuBackend().time(lambda: None, warmup=0, repeats=50, call_s=0.0)
-    assert worker.MIN_REPEATS <= len(slow) < 10
-    assert len(fast) == 50
+    clock = [0.0]  # a fake clock: each call "takes" the seconds it is told to, whatever the machine's load
+    monkeypatch.setattr(worker, "time", SimpleNamespace(perf_counter=lambda: clock[0],
+                                                       perf_counter_ns=lambda: int(clock[0] * 1e9)))
+
+    def takes(seconds: float):
+        return lambda: clock.__setitem__(0, clock[0] + seconds)
+
+    slow = worker.CpuBackend().time(takes(0.3), warmup=0, repeats=50, call_s=0.3)
+    fast = worker.CpuBackend().time(takes(1e-5), warmup=0, repeats=50, call_s=1e-5)
+    assert slow == pytest.approx([0.3] * 4)  # the 4th call starts at 0.9 s, within the 1 s budget; the 5th does not
+    assert fast == pytest.approx([1e-5] * 50)
 
 
 def test_a_long_call_is_timed_without_warm_up():
