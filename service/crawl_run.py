@@ -29,6 +29,7 @@ from db.repositories.measurements import MeasurementIn, ingest_measurements
 from db.repositories.rankings import best_recipes
 from db.session import Database
 from embed import zoo
+from embed.errors import EmbedError
 from embed.importers import load_model
 from embed.ir import Graph, graph_from_json
 from embed.partition import partition
@@ -99,9 +100,17 @@ def onnx_files(folders: Sequence[str]) -> list[Path]:
     return sorted({p for folder in folders for p in Path(folder).expanduser().rglob("*.onnx") if p.is_file()})
 
 
-def model_graphs(params: CrawlParams) -> list[Graph]:
-    return [load_model(f"zoo:{n}") for n in zoo_names(params)] + [load_model(str(p)) for p in
-                                                                  onnx_files(params.onnx_dirs)]
+def model_graphs(params: CrawlParams) -> tuple[list[Graph], dict[str, str]]:
+    """The crawl's zoo models and ONNX files as graphs, and the files that could not be imported (with why)."""
+    graphs = [load_model(f"zoo:{n}") for n in zoo_names(params)]
+    refused: dict[str, str] = {}
+    for path in onnx_files(params.onnx_dirs):
+        try:
+            graphs.append(load_model(str(path)))
+        except (EmbedError, OSError, ValueError) as e:
+            refused[str(path)] = str(e).splitlines()[0]
+            log.warning("crawl: skipping %s: %s", path, refused[str(path)])
+    return graphs, refused
 
 
 def stored_subgraph(row: SubgraphRow) -> Subgraph:
@@ -176,7 +185,7 @@ class Crawl:
 
     def _plan(self) -> None:
         """Store the crawl's subgraphs and fix them (and which need tuning) in the checkpoint."""
-        graphs = model_graphs(self.params)
+        graphs, refused = model_graphs(self.params)
         found = [s for g in graphs for s in partition(g) if s.tunable]
         with self.database.scope() as session:
             self.device_id = register_device(session, self.device)
@@ -187,7 +196,8 @@ class Crawl:
             ids.update((rows[i].structural_hash, i) for i in demand)
             done = _crawled(session, self.device_id, self.toolchain, [ids[h] for h in hashes]) - set(demand)
             todo = [h for h in hashes if ids[h] not in done]
-            self.checkpoint = {"subgraphs": hashes, "todo": todo, "next": 0, "models": len(graphs)}
+            self.checkpoint = {"subgraphs": hashes, "todo": todo, "next": 0, "models": len(graphs),
+                               "refused": refused}
             self.progress.save(self.checkpoint, session)
 
     def _load(self) -> None:
@@ -262,12 +272,11 @@ class Crawl:
         with self.database.scope() as session:
             measured = session.scalar(select(func.count()).select_from(Measurement)
                                       .where(Measurement.job_id == self.progress.job_id))
-        return {"models": self.checkpoint["models"], "subgraphs": len(self.checkpoint["subgraphs"]),
-                "tuned": len(self.checkpoint["todo"]),
-                "skipped": len(self.checkpoint["subgraphs"]) - len(self.checkpoint["todo"]),
-                "measured": int(measured or 0),
-                "cross_applications": applied, "device": self.device.name, "toolchain": self.toolchain,
-                "encoder": encoder}
+        planned, todo = self.checkpoint["subgraphs"], self.checkpoint["todo"]
+        return {"models": self.checkpoint["models"], "refused_files": self.checkpoint.get("refused", {}),
+                "subgraphs": len(planned), "tuned": len(todo), "skipped": len(planned) - len(todo),
+                "measured": int(measured or 0), "cross_applications": applied, "device": self.device.name,
+                "toolchain": self.toolchain, "encoder": encoder}
 
 
 def _pages(items: list[int], size: int = 1000) -> list[list[int]]:

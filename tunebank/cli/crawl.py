@@ -37,6 +37,9 @@ def _csv(text: str) -> tuple[str, ...]:
 def _params(models: str, families_: str, sizes: str, onnx_dirs: tuple[str, ...], demand: bool, backend: str,
             strategy: str, budget: int, seed: int, cross: bool, retrain_min: int) -> CrawlParams:
     chosen = _csv(families_)
+    strange = [m for m in _csv(models) if m.partition("-")[0] not in FAMILIES]
+    if strange:
+        fail(f"unknown zoo model {strange[0]!r}; zoo families: {', '.join(families())}")
     unknown = [f for f in chosen if f != "all" and f not in FAMILIES]
     if unknown:
         fail(f"unknown zoo family {unknown[0]!r}; choose from: all, {', '.join(families())}")
@@ -57,10 +60,12 @@ def _summary(job: Any, seconds: float) -> Table:
     r = job.result or {}
     encoder = r.get("encoder") or {}
     table = Table("", "", title=f"crawl job {job.id}: {job.status} in {seconds:.1f} s", show_header=False)
-    rows = [("device", f"{r.get('device')} ({r.get('toolchain')})"), ("models", str(r.get("models"))),
+    toolchain = str(r.get("toolchain") or "").splitlines()[:1]
+    rows = [("device", f"{r.get('device')} ({' '.join(toolchain)})"), ("models", str(r.get("models"))),
             ("subgraphs", f"{r.get('subgraphs')} ({r.get('tuned')} tuned, {r.get('skipped')} crawled before)"),
             ("kernels measured", f"{r.get('measured')} ({r.get('measured', 0) / max(seconds, 1e-9):.2f}/s)"),
             ("cross applications", str(r.get("cross_applications"))),
+            *[(f"skipped {path}", why) for path, why in (r.get("refused_files") or {}).items()],
             ("learned encoder", ("promoted " + str(encoder.get("version")) if encoder.get("promote") else
                                  "kept") + f": {encoder.get('reason')}")]
     for name, value in rows:
