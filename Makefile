@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_MODEL ?= zoo:gpt_decoder
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test lint mutate clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,10 @@ lint: venv
 
 test: lint
 	$(BIN)/pytest
+
+# Planted bugs (tools/mutants.py), one at a time in a copy of the tree: prints killed / survived. Not part of test.
+mutate: venv
+	$(BIN)/python tools/mutate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,215 @@
+"""The planted bugs of ``tools/mutate.py``: each replaces one exact text (found once) of one file, and names the
+tests that must catch it. Keep ``old`` short and exact; when the code moves, the run says which one no longer
+applies."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    why: str  # what the planted bug does
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+CHECK = ("tests/transforms/test_check.py", "tests/transforms/test_worker.py")
+W = "transforms/worker.py"
+
+MUTANTS: list[Mutant] = [
+    # the correctness check
+    Mutant("check-absolute-floor", "floor max(1e-3 * largest, 1.0): small outputs judged absolutely", W,
+           "floor = max(FLOOR_FRACTION * _largest(magnitude), normal)",
+           "floor = max(FLOOR_FRACTION * _largest(magnitude), 1.0)", CHECK),
+    Mutant("check-no-scale-floor", "floor only the dtype's smallest normal: near-zero elements fail", W,
+           "floor = max(FLOOR_FRACTION * _largest(magnitude), normal)", "floor = normal", CHECK),
+    Mutant("check-no-dtype-floor", "floor ignores the output dtype (fp16 subnormals)", W,
+           "normal = float(np.finfo(_NORMAL.get(dtype or \"\", reference.dtype)).tiny)",
+           "normal = float(np.finfo(reference.dtype).tiny)", CHECK),
+    Mutant("check-floor-fraction", "floor 1e-2 of the largest instead of 1e-3", W,
+           "FLOOR_FRACTION = 1e-3", "FLOOR_FRACTION = 1e-2", CHECK),
+    Mutant("check-absolute-error", "absolute error, not relative", W,
+           "gap = xp.abs(output - reference) / xp.maximum(magnitude, reference.dtype.type(floor))",
+           "gap = xp.abs(output - reference)", CHECK),
+    Mutant("check-mean-error", "mean error instead of the worst element", W,
+           "worst = _largest(xp.where(finite, gap, 0))", "worst = float(xp.where(finite, gap, 0).mean())", CHECK),
+    Mutant("check-tolerance-inclusive-wrong", "passes up to twice the tolerance", W,
+           "or worst > tolerance:", "or worst > 2 * tolerance:", CHECK),
+    Mutant("check-nan-passes", "a NaN output where the reference is finite passes", W,
+           "nonfinite_mismatch = ~finite & (output != reference)  # NaN != NaN",
+           "nonfinite_mismatch = ~finite & (output != reference) & ~xp.isnan(output)", CHECK),
+    Mutant("check-nan-equals-nan", "NaN matches a NaN reference", W,
+           "nonfinite_mismatch = ~finite & (output != reference)  # NaN != NaN",
+           "nonfinite_mismatch = ~finite & (output != reference) & ~(xp.isnan(output) & xp.isnan(reference))",
+           CHECK),
+    Mutant("check-nonfinite-ignored", "non-finite mismatches are not failures", W,
+           "if bool(nonfinite_mismatch.any()) or worst > tolerance:", "if worst > tolerance:", CHECK),
+    Mutant("check-nan-tolerance", "a NaN tolerance passes everything", W,
+           "if not tolerance >= 0:", "if tolerance < 0:", CHECK),
+    Mutant("check-shape", "shapes not compared (broadcast)", W,
+           "if output.shape != reference.shape:", "if output.size != reference.size:", CHECK),
+    Mutant("check-first-output-only", "only the first output buffer is checked", W,
+           "for b in written:", "for b in written[:1]:", CHECK),
+    Mutant("check-last-output-only", "only the last output buffer is checked", W,
+           "for b in written:", "for b in written[-1:]:", CHECK),
+    Mutant("check-unheld-output", "an output no launch holds is not checked", W,
+           "if unwritten:", "if False:", CHECK),
+]
+
+INDEX = ("tests/db/test_vector_index.py",)
+JOBS = ("tests/db/test_jobs.py", "tests/db/test_concurrency.py")
+VI = "db/index/vector_index.py"
+J = "db/repositories/jobs.py"
+
+MUTANTS += [
+    # the index watermark
+    Mutant("index-metric-ignored", "a file of another metric is loaded", VI,
+           "if (mark.factory, mark.metric) != (self.config.factory, str(self.config.metric)):",
+           "if mark.factory != self.config.factory:", INDEX),
+    Mutant("index-factory-ignored", "a file of another factory is loaded", VI,
+           "if (mark.factory, mark.metric) != (self.config.factory, str(self.config.metric)):",
+           "if mark.metric != str(self.config.metric):", INDEX),
+    Mutant("index-no-persist-after-catch-up", "the catch-up on open is not saved", VI,
+           "            elif index._add_new():\n                index._persist()",
+           "            else:\n                index._add_new()", INDEX),
+    Mutant("index-sha-ignored", "a corrupt file is loaded", VI,
+           "if sha256(data) != mark.sha256:", "if False:", INDEX),
+    Mutant("index-count-through-ignored", "deleted rows do not make the file stale", VI,
+           "if count_through(session, self.key, mark.last_id) != mark.count:", "if False:", INDEX),
+    Mutant("index-sync-no-persist", "sync adds but never saves", VI,
+           "            if added and persist:\n", "            if added and not persist:\n", INDEX),
+    # job claiming
+    Mutant("jobs-claim-unguarded", "the claim's UPDATE does not re-check the row", J,
+           "update(Job).where(Job.id == row.id, Job.attempts == row.attempts, _claimable(now))",
+           "update(Job).where(Job.id == row.id)", JOBS),
+    Mutant("jobs-claim-no-attempts-guard", "the claim's UPDATE ignores a claim in between", J,
+           "update(Job).where(Job.id == row.id, Job.attempts == row.attempts, _claimable(now))",
+           "update(Job).where(Job.id == row.id, _claimable(now))", JOBS),
+    Mutant("jobs-claim-no-claimable-guard", "the claim's UPDATE ignores a held lease", J,
+           "update(Job).where(Job.id == row.id, Job.attempts == row.attempts, _claimable(now))",
+           "update(Job).where(Job.id == row.id, Job.attempts == row.attempts)", JOBS),
+    Mutant("jobs-lease-never-expires", "a dead worker's job is never claimed again", J,
+           "expired = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now)",
+           "expired = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now) & False", JOBS),
+    Mutant("jobs-attempts-uncapped", "max_attempts ignored", J,
+           "if row.attempts >= max_attempts:", "if row.attempts > max_attempts:", JOBS),
+    Mutant("jobs-heartbeat-any-owner", "a worker that lost its lease extends it", J,
+           "update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == JobStatus.RUNNING)",
+           "update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)", JOBS),
+    Mutant("jobs-newest-first", "the newest job is claimed first", J,
+           ".where(_claimable(now)).order_by(Job.id).limit(1)",
+           ".where(_claimable(now)).order_by(Job.id.desc()).limit(1)", JOBS),
+]
+
+TRANSFER = ("tests/service/test_transfer.py",)
+T = "service/transfer.py"
+
+MUTANTS += [
+    # transfer tuning
+    Mutant("transfer-k-minus-2-neighbours", "the neighbours are cut to k - 2", T,
+           "if row.structural_hash not in exclude][:k]", "if row.structural_hash not in exclude][:max(k - 2, 1)]",
+           TRANSFER),
+    Mutant("transfer-asks-k-minus-2", "transfer_tune asks for k - 2 neighbours", T,
+           "near = neighbours(session, index, vector, task=task, device_id=device_id, k=k,",
+           "near = neighbours(session, index, vector, task=task, device_id=device_id, k=max(k - 2, 1),", TRANSFER),
+    Mutant("transfer-exclusions-take-places", "excluded subgraphs count against k", T,
+           "found = index.search(session, vector, k + len(exclude), kinds={task.kind})",
+           "found = index.search(session, vector, k, kinds={task.kind})", TRANSFER),
+    Mutant("transfer-first-neighbour-only", "only the first neighbour's recipe is tried", T,
+           "given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default]",
+           "given = [r for r in dict.fromkeys(parse(n.recipe) for n in near[:1]) if r != default]", TRANSFER),
+    Mutant("transfer-third-fastest-recipe", "a neighbour gives its third fastest recipe", T,
+           "ranked = {row.id: [best[row.id]] if row.id in best else [] for row, _ in hits}",
+           "ranked = {row.id: top_k_recipes(session, subgraph_id=row.id, device_id=device_id, k=3)[-1:]\n"
+           "                  for row, _ in hits}", TRANSFER),
+    Mutant("transfer-winner-is-default", "the default always wins", T,
+           "winner: tuple[Recipe, RunResult] = searcher.best or (default, base)",
+           "winner: tuple[Recipe, RunResult] = (default, base)", TRANSFER),
+]
+
+EVALUATE = ("tests/embed/test_evaluate.py", "tests/transforms/test_problem.py")
+E = "embed/evaluate.py"
+ADAPT = ("tests/transforms/test_space.py", "tests/transforms/test_split.py", "tests/service/test_transfer.py")
+A, TR = "transforms/adapt.py", "transforms/transformation.py"
+INGEST = ("tests/db/test_measurements.py", "tests/db/test_concurrency.py")
+M, INS = "db/repositories/measurements.py", "db/repositories/_insert.py"
+CUDA_ROWS = ("tests/transforms/test_codegen_cuda.py", "tests/transforms/test_split.py",
+             "tests/transforms/test_stage.py")
+CU, ROWS = "transforms/codegen/cuda.py", "transforms/codegen/cuda_rows.py"
+
+MUTANTS += [
+    # the reference evaluator
+    Mutant("evaluate-absent-ignored", "a sum over a dim neither operand has is not scaled", E,
+           "            product = product * absent", "            product = product", EVALUATE),
+    Mutant("evaluate-absent-either", "dims one operand lacks count as absent", E,
+           "absent = math.prod(self.shape[k] for k in red if k not in has_a | has_b)",
+           "absent = math.prod(self.shape[k] for k in red if k not in has_a & has_b)", EVALUATE),
+    Mutant("evaluate-own-axes-not-summed", "a reduction dim only one operand has is not summed first", E,
+           "a = a.sum(axis=own_a, keepdims=True) if own_a else a", "a = a", EVALUATE),
+    Mutant("evaluate-gelu-tanh", "the tanh GELU's cubic coefficient is off", E,
+           "0.044715 * x * x * x", "0.04715 * x * x * x", EVALUATE),
+    Mutant("evaluate-rsqrt", "rsqrt is sqrt", E, '"rsqrt": lambda x: 1.0 / xp.sqrt(x),', '"rsqrt": xp.sqrt,',
+           EVALUATE),
+    Mutant("evaluate-ragged-mask", "a ragged row's padding is summed", E,
+           "            value = xp.where(self.mask, value, combiner.identity)\n", "", EVALUATE),
+    Mutant("evaluate-padding-fill", "padded reads return clamped values, not the fill", E,
+           "return values if fill is None else xp.where(inside, values, fill)", "return values", EVALUATE),
+    Mutant("evaluate-empty-reduction", "an empty reduction gives 0, not its identity", E,
+           "return xp.full([1 if k in red else n for k, n in enumerate(value.shape)], combiner.identity)",
+           "return xp.full([1 if k in red else n for k, n in enumerate(value.shape)], 0.0)", EVALUATE),
+    Mutant("evaluate-cast-floor", "a float cast to int floors instead of truncating", E,
+           "return (xp.trunc(value) if value.dtype.kind", "return (xp.floor(value) if value.dtype.kind", EVALUATE),
+    Mutant("evaluate-out-of-range-silent", "an out-of-range index is clamped silently", E,
+           "            if bad.any():\n                raise EvaluationError",
+           "            if False:\n                raise EvaluationError", EVALUATE),
+    # adapt
+    Mutant("adapt-tiles-collapse", "tiles of different dims override each other", A,
+           'key = (legal.name, legal.args[0] if legal.name == "tile" else None)', "key = (legal.name, None)", ADAPT),
+    Mutant("adapt-changes-unsaid", "a changed step is not reported", A,
+           "        if legal != step:\n", "        if False:\n", ADAPT),
+    Mutant("adapt-keeps-illegal", "steps are kept as they are", A,
+           "legal = transformation.nearest(step, program, backend)", "legal = step", ADAPT),
+    Mutant("adapt-first-wins", "an earlier step for a choice wins over a later one", A,
+           "        kept[key] = legal\n", "        kept.setdefault(key, legal)\n", ADAPT),
+    Mutant("adapt-any-role", "tile(p1, ..) may become a tile of another dim", TR,
+           "groups = [g for g in groups if g[0].args[:1] == step.args[:1]]", "groups = groups", ADAPT),
+    Mutant("adapt-linear-distance", "nearest by linear, not log2, distance", TR,
+           "total += abs(math.log2(max(x, 1)) - math.log2(max(y, 1)))", "total += abs(x - y)", ADAPT),
+    # ingest
+    Mutant("ingest-ok-with-error", "an ok measurement may carry an error kind", M,
+           "if self.ok and (self.error_kind is not None or self.median_s is None):",
+           "if self.ok and self.median_s is None:", INGEST),
+    Mutant("ingest-infinite-time", "an infinite median is accepted", M,
+           "if value is not None and not (math.isfinite(value) and value >= 0):",
+           "if value is not None and not value >= 0:", INGEST),
+    Mutant("ingest-pages-drop-last", "each page drops its last row", INS,
+           "yield items[start : start + size]", "yield items[start : start + size - 1]", INGEST),
+    Mutant("ingest-sqlite-count", "sqlite counts every row as inserted", INS,
+           "len(session.execute(statement, [dict(zip(columns, row, strict=True)) for row in page]).all())",
+           "session.execute(statement, [dict(zip(columns, row, strict=True)) for row in page]) and len(page)",
+           INGEST),
+    Mutant("ingest-postgres-count", "PostgreSQL counts every row as inserted", INS,
+           "        return cursor.rowcount\n", "        return len(rows)\n", INGEST),
+    Mutant("ingest-unknown-fields", "unknown fields are ignored", M,
+           "    if unknown:\n        raise InvalidRecordError", "    if False:\n        raise InvalidRecordError",
+           INGEST),
+    Mutant("ingest-embeddings-after-spins", "embeddings_after re-reads its last row forever",
+           "db/repositories/embeddings.py",
+           "        after_id = rows[-1].id\n", "        after_id = rows[-1].id - 1\n", INDEX),
+    # cuda row math: generated CUDA whose numbers only a GPU (tests -m gpu) checks
+    Mutant("cuda-welford-merge", "Chan's merge drops the n factor of M2", CU,
+           "m += d * f; q += q2 + d * d * n * f; n = all;", "m += d * f; q += q2 + d * d * f; n = all;", CUDA_ROWS),
+    Mutant("cuda-welford-mean", "Chan's merge moves the mean by the wrong weight", CU,
+           "const T all = n + n2, d = m2 - m, f = n2 / all;", "const T all = n + n2, d = m2 - m, f = n / all;",
+           CUDA_ROWS),
+    Mutant("cuda-online-rescale", "the online softmax does not rescale the running sum", CU,
+           "s = (m == mn ? s : s * EXP(m - mn))", "s = (m == mn ? s : s)", CUDA_ROWS),
+    Mutant("cuda-rows-chunk-mean", "a chunk's mean divides by one element too many", ROWS,
+           "* {literal(1 / width, t)}; const {t} {cq} = {squares}; ",
+           "* {literal(1 / (width + 1), t)}; const {t} {cq} = {squares}; ", CUDA_ROWS),
+    Mutant("cuda-rows-chunk-max", "a chunk's max skips its last value", ROWS,
+           "            for x in xs[1:]:\n                chunk_max",
+           "            for x in xs[1:-1]:\n                chunk_max", CUDA_ROWS),
+]
