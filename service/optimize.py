@@ -16,9 +16,10 @@ Per distinct subgraph, in partition order:
   crawler (``demand``).
 
 The eager implementation is always a candidate: a kernel is chosen only when it is faster than eager by more than
-``margin`` (default 5%: within that, timing noise decides, and eager costs nothing to keep). Then the plan is run
-whole and timed against the model run eagerly (``service.model_timing``); if the plan is slower, the all-eager plan
-(on cuda: the same ops in one CUDA graph) replaces it, so a plan is never slower than eager as a whole either.
+``margin`` (default 5%: within that, timing noise decides, and eager costs nothing to keep). Then the model is run
+whole and timed (``service.model_timing``) in each way it can run: the plan, on cuda with and without one CUDA
+graph, and the all-eager plan in one CUDA graph; the fastest is kept, and when none beats the model run eagerly,
+the plan becomes all-eager without a graph (which is eager): a plan is never slower than eager as a whole either.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class OptimizeReport:
     model_s: float | None = None  # the plan, run whole
     eager_model_s: float | None = None  # the model run eagerly, whole
     compile_model_s: float | None = None  # torch.compile default, whole (cuda)
-    model_fallback: bool = False  # the plan was slower than eager as a whole: every subgraph runs eagerly
+    model_fallback: bool = False  # the kernels lost as a whole: every subgraph runs eagerly
     measured: int = 0  # kernels measured in this run
 
     @property
@@ -390,8 +391,10 @@ def random_weights(graph: Graph, device: torch.device, *, seed: int = 0) -> dict
 def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: OptimizeConfig,
                 params: Mapping[str, torch.Tensor] | None, inputs: Sequence[torch.Tensor] | None,
                 reference: Callable[..., object] | None) -> tuple[Plan, PlanModule | None]:
-    """Time the plan whole against eager (and torch.compile on cuda); fall back to the all-eager plan when the
-    plan is slower. Returns the plan kept and its module (None when the plan cannot run here)."""
+    """Time ways to run the model whole and keep the fastest: the plan, on cuda with and without one CUDA graph,
+    and the all-eager plan in one CUDA graph; when none beats eager (``reference``, by default the graph run
+    eagerly), the all-eager plan without a graph, which is eager. Returns the plan kept and its module (None when
+    the plan cannot run here)."""
     graph = plan.graph
     device = torch.device("cuda" if ctx.backend == "cuda" else "cpu")
     drawn = random_weights(graph, device, seed=config.seed) if params is None or inputs is None else {}
@@ -399,25 +402,33 @@ def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: Optimi
                                                  if graph.tensors[n].role == TensorRole.PARAM}
     names = [n for n in graph.inputs if graph.tensors[n].role == TensorRole.INPUT]
     inputs = list(inputs) if inputs is not None else [drawn[n] for n in names]
+    eager_plan = replace(plan.with_all_eager(), cuda_graph=False)
+    ways = [plan] if ctx.backend != "cuda" else [plan, replace(plan, cuda_graph=False)]
+    if ctx.backend == "cuda" and plan.kernels:
+        ways.append(replace(plan.with_all_eager(), cuda_graph=True))
     try:
-        module = PlanModule(plan, params, cache_dir=ctx.cache_dir, device=device)
-        eager = reference or PlanModule(plan.with_all_eager(), params, cache_dir=ctx.cache_dir, device=device,
-                                        cuda_graph=False)
+        eager = reference or PlanModule(eager_plan, params, cache_dir=ctx.cache_dir, device=device)
+        modules = [PlanModule(way, params, cache_dir=ctx.cache_dir, device=device) for way in ways]
     except PlanError:
         return plan, None
-    calls = config.model_calls
-    report.eager_model_s = _none_if_nan(seconds_per_call(eager, inputs, calls=calls))
-    report.model_s = _none_if_nan(seconds_per_call(module, inputs, calls=calls))
+    report.eager_model_s = _none_if_nan(seconds_per_call(eager, inputs, calls=config.model_calls))
+    timed = [(seconds_per_call(m, inputs, calls=config.model_calls), n) for n, m in enumerate(modules)]
+    seconds, best = min((t, n) for t, n in timed if math.isfinite(t)) if any(math.isfinite(t) for t, _ in timed) \
+        else (math.nan, 0)
     if ctx.backend == "cuda" and config.compare_compile:
-        compiled = torch.compile(eager)
-        report.compile_model_s = _none_if_nan(seconds_per_call(compiled, inputs, calls=calls))
-    if report.model_s is not None and report.eager_model_s is not None and report.model_s > report.eager_model_s \
-            and plan.kernels:
-        fallback = PlanModule(plan.with_all_eager(), params, cache_dir=ctx.cache_dir, device=device)
-        fallback_s = _none_if_nan(seconds_per_call(fallback, inputs, calls=calls))
-        if fallback_s is not None and fallback_s < report.model_s:
-            plan, module, report.model_s, report.model_fallback = plan.with_all_eager(), fallback, fallback_s, True
-    return plan, module
+        report.compile_model_s = _none_if_nan(seconds_per_call(torch.compile(eager), inputs,
+                                                               calls=config.model_calls))
+    if report.eager_model_s is not None and not seconds < report.eager_model_s:
+        report.model_fallback = True
+        if reference is None:  # the all-eager plan is what was timed as eager
+            report.model_s = report.eager_model_s
+            return eager_plan, eager
+        fallback = PlanModule(eager_plan, params, cache_dir=ctx.cache_dir, device=device)
+        report.model_s = _none_if_nan(seconds_per_call(fallback, inputs, calls=config.model_calls))
+        return eager_plan, fallback
+    report.model_s = _none_if_nan(seconds)
+    report.model_fallback = ways[best].kernels < plan.kernels
+    return ways[best], modules[best]
 
 
 def _none_if_nan(seconds: float) -> float | None:

@@ -20,7 +20,7 @@ import hashlib
 import json
 import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,6 +83,7 @@ class Plan:
     steps: tuple[Step, ...]
     target: Target
     report: dict[str, Any] = field(default_factory=dict)
+    cuda_graph: bool = True  # on cuda, run the whole plan as one CUDA graph (optimize times both ways)
 
     @property
     def kernels(self) -> int:
@@ -90,12 +91,12 @@ class Plan:
 
     def with_all_eager(self) -> Plan:
         """The same plan with every subgraph running eagerly (the model-level fallback)."""
-        steps = tuple(Step(s.structural_hash, "eager") for s in self.steps)
-        return Plan(self.graph, steps, self.target, self.report)
+        return replace(self, steps=tuple(Step(s.structural_hash, "eager") for s in self.steps))
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "graph": json.loads(self.graph.to_json()),
-                "target": self.target.__dict__, "steps": [s.to_json() for s in self.steps], "report": self.report}
+                "target": self.target.__dict__, "steps": [s.to_json() for s in self.steps], "report": self.report,
+                "cuda_graph": self.cuda_graph}
 
 
 def kernel_of(subgraph: Subgraph, recipe: str, backend: str) -> Kernel:
@@ -153,13 +154,14 @@ def plan_from_json(data: Any) -> Plan:
         target = Target(**{k: str(data["target"][k]) for k in Target.__dataclass_fields__})
         steps = tuple(_step(s) for s in data["steps"])
         report = data.get("report") or {}
-        if not isinstance(report, dict):
-            raise TypeError("report is not an object")
+        cuda_graph = data.get("cuda_graph", True)
+        if not isinstance(report, dict) or not isinstance(cuda_graph, bool):
+            raise TypeError("report is not an object, or cuda_graph not a boolean")
     except EmbedError as e:
         raise PlanError(f"the plan's graph is invalid: {e}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise PlanError(f"malformed plan.json: {type(e).__name__}: {e}") from None
-    return Plan(graph, steps, target, report)
+    return Plan(graph, steps, target, report, cuda_graph)
 
 
 def _step(data: Mapping[str, Any]) -> Step:

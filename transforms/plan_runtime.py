@@ -8,7 +8,8 @@ subgraphs in order, each eagerly or as its tuned kernel, on the caller's tensors
 * On cuda, with static shapes (always, in tunebank's IR), the whole forward is captured once as a CUDA graph
   and replayed: eager ops and kernels alike, with no Python or launch overhead. Inputs are copied into the
   graph's buffers and outputs cloned out, so a caller's tensors are never aliased. A forward that cannot be
-  captured runs uncaptured.
+  captured runs uncaptured, and so does a plan whose ``cuda_graph`` is off (optimize turns it off where the
+  copies cost more than the launches they save, e.g. a large input read by few kernels).
 
 Every plan is verified (``transforms.plan.verify``) before anything of it runs.
 """
@@ -194,7 +195,7 @@ class PlanModule(torch.nn.Module):
             _eager_step(s, self.device) if k is None else make(k, a, _Arguments(s), self.device)
             for s, k, a in zip(subgraphs, kernels, artifacts, strict=True)
         ]
-        self.use_cuda_graph = cuda_graph and self.device.type == "cuda"
+        self.use_cuda_graph = cuda_graph and plan.cuda_graph and self.device.type == "cuda"
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 

@@ -129,3 +129,20 @@ def test_a_kernel_is_chosen_only_when_it_beats_eager_by_the_margin(kernel_s: flo
     row = SubgraphReport("s", "reduction", "h", ["softmax"], 1, "transfer", kernel_s=kernel_s, eager_s=eager_s)
     _choose(row, margin)
     assert row.choice == choice
+
+
+@pytest.mark.parametrize(("plan_s", "eager_s", "fallback"), [(1.0, 2.0, False), (3.0, 2.0, True), (2.0, 2.0, True)])
+def test_the_plan_is_kept_only_when_it_beats_eager_as_a_whole(ctx: Context, monkeypatch: pytest.MonkeyPatch,
+                                                             plan_s: float, eager_s: float, fallback: bool) -> None:
+    import service.optimize as optimize_module
+
+    def scripted(model: PlanModule, inputs: object, calls: int) -> float:  # whole-model times, by what runs
+        return plan_s if model.plan.kernels else eager_s
+
+    monkeypatch.setattr(optimize_module, "seconds_per_call", scripted)
+    with Worker() as worker:
+        result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=-1.0, **FAST))
+    assert result.report.model_fallback is fallback
+    assert (result.plan.kernels == 0) is fallback and (result.module.plan.kernels == 0) is fallback
+    assert result.report.model_s == (eager_s if fallback else plan_s)
+    assert result.report.eager_model_s == eager_s
