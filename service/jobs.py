@@ -45,6 +45,10 @@ DEFAULT_MAX_ATTEMPTS = 3
 Listener = Callable[[float, str], None]
 
 
+class LockBusyError(RuntimeError):
+    """The lock a job's kind needs is held by another process."""
+
+
 class LeaseLostError(RuntimeError):
     """This worker no longer holds the job (its lease expired and another worker claimed it)."""
 
@@ -65,7 +69,10 @@ def owner_is_dead(owner: str) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    try:  # a zombie (killed, not yet reaped by its parent) is dead too
+        return Path(f"/proc/{parts[1]}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def dead_owners(session: Session) -> list[str]:
@@ -203,13 +210,29 @@ class Executor:
                     return self.run(job, listener, lock=lock)
         return None
 
+    def run_id(self, job_id: int, listener: Listener | None = None) -> Job | None:
+        """Claim and run job ``job_id`` (what a Celery task does); ``None`` when it is not claimable now (finished,
+        or held by a live worker). Raises ``LockBusyError`` when its kind's lock is held elsewhere."""
+        with self.database.scope() as session:
+            kind = jobs.get_job(session, job_id).kind
+        lock = EXCLUSIVE.get(kind)
+        with contextlib.nullcontext(True) if lock is None else self.holding(lock) as free:
+            if not free:
+                raise LockBusyError(f"job {job_id}: lock {lock!r} is held by another process")
+            with self.database.scope() as session:
+                job = jobs.claim_job(session, job_id, owner=self.owner, lease_s=self.lease_s,
+                                     max_attempts=MAX_ATTEMPTS.get(kind, DEFAULT_MAX_ATTEMPTS),
+                                     take_from=dead_owners(session))
+            return None if job is None else self.run(job, listener, lock=lock)
+
     def run(self, job: Job, listener: Listener | None = None, *, lock: str | None = None) -> Job:
         """Run a job this executor claimed, and finish it (succeeded, or failed with the error)."""
         progress = JobProgress(self.context, job, self.owner, listener)
         log.info("job %s (%s) attempt %s: started", job.id, job.kind, job.attempts)
         try:
             with _Heartbeat(self.database, progress, self.lease_s, lock):
-                result = self.registry.get(job.kind)(dict(job.params), progress)
+                params = {k: v for k, v in job.params.items() if not k.startswith("_")}  # "_queue": where it runs
+                result = self.registry.get(job.kind)(params, progress)
         except LeaseLostError:
             log.warning("job %s: lease lost; another worker goes on with it", job.id)
         except KeyboardInterrupt:

@@ -27,6 +27,7 @@ class Settings(BaseSettings):
 
     crawl_dirs: str = Field(default="", description="folders of .onnx models the crawler tunes, ':'-separated")
     job_lease_s: float = Field(default=60.0, gt=0, description="job lease: a dead worker's job is taken over after it")
+    broker_url: str = Field(default="redis://127.0.0.1:6379/0", description="Celery broker of `tunebank worker`")
 
     @property
     def crawl_dir_list(self) -> list[str]:

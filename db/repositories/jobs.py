@@ -228,3 +228,30 @@ def requeue_owned(session: Session, *, owners: Collection[str], kinds: Collectio
         query = query.where(Job.kind.in_(sorted(kinds)))
     values = {"status": JobStatus.QUEUED, "lease_owner": None, "lease_expires_at": None, "updated_at": _now()}
     return session.execute(query.values(**values)).rowcount
+
+
+def claim_job(session: Session, job_id: int, *, owner: str, lease_s: float, max_attempts: int = 3,
+              take_from: Collection[str] = ()) -> Job | None:
+    """Lease job ``job_id`` to ``owner`` if it is claimable (queued, lease expired, or held by one of ``take_from``,
+    holders known dead); ``None`` when it is not (finished, or a live worker holds it). Like ``claim_next``, a job
+    claimed ``max_attempts`` times is marked failed instead."""
+    now = _now()
+    claimable = or_(_claimable(now), (Job.status == JobStatus.RUNNING) & Job.lease_owner.in_(sorted(take_from)))
+    row = session.execute(select(Job.id, Job.attempts).where(Job.id == job_id, claimable)).first()
+    if row is None:
+        return None
+    if row.attempts >= max_attempts:
+        values: dict[str, Any] = {"status": JobStatus.FAILED, "error": f"gave up after {row.attempts} attempts",
+                                  "finished_at": now, "lease_owner": None, "lease_expires_at": None, "updated_at": now}
+    else:
+        values = {"status": JobStatus.RUNNING, "attempts": row.attempts + 1, "lease_owner": owner,
+                  "lease_expires_at": now + dt.timedelta(seconds=lease_s), "started_at": now, "updated_at": now}
+    claimed = session.execute(update(Job).where(Job.id == job_id, Job.attempts == row.attempts, claimable)
+                              .values(**values))
+    if claimed.rowcount != 1 or values["status"] != JobStatus.RUNNING:
+        return None
+    session.flush()
+    job = session.get(Job, job_id)
+    assert job is not None
+    session.refresh(job)
+    return job

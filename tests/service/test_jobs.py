@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def steps(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
-    """A resumable job: ``params["steps"]`` steps, each logged to ``params["log"]`` and checkpointed; the process
-    kills itself before step ``params["die_at"]`` on its first attempt."""
+    """A resumable job: ``params["steps"]`` steps (``delay_s`` each), each logged to ``params["log"]`` and
+    checkpointed; the process kills itself before step ``params["die_at"]`` on its first attempt."""
     done = progress.checkpoint.get("done", 0)
     for step in range(done, params["steps"]):
         if step == params.get("die_at") and progress.attempt == 1:
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(params.get("delay_s", 0))
         with open(params["log"], "a") as log:
             log.write(f"{params['name']} {step}\n")
         progress.save({"done": step + 1})
@@ -110,6 +112,11 @@ def test_a_dead_owner_is_recognised_only_on_this_host() -> None:
     assert owner_is_dead(f"{host}:{dead.stdout.strip()}:abc")
     assert not owner_is_dead(f"{host}:{os.getpid()}:abc")
     assert not owner_is_dead(f"elsewhere-{host}:{dead.stdout.strip()}:abc")
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not reaped until wait()
+    while Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.05)
+    assert owner_is_dead(f"{host}:{zombie.pid}:abc")
+    zombie.wait()
 
 
 def test_a_killed_worker_s_job_is_resumed_by_another_process_and_no_job_runs_twice(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from tunebank.cli.crawl import crawl_command
 from tunebank.cli.inspect import inspect_command
 from tunebank.cli.optimize import optimize_command
 from tunebank.cli.tune import tune_command
+from tunebank.cli.worker import worker_command
 
 app = typer.Typer(
     name="tunebank",
@@ -18,11 +19,22 @@ app.command("inspect")(inspect_command)
 app.command("tune")(tune_command)
 app.command("optimize")(optimize_command)
 app.command("crawl")(crawl_command)
+app.command("worker")(worker_command)
 app.add_typer(db.app, name="db")
 app.add_typer(embed.app, name="embed")
 app.add_typer(bench.app, name="bench")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"tunebank {version('tunebank')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version"),
+) -> None:
     """tunebank: transfer tuning for deep-learning subgraphs."""
