@@ -14,7 +14,7 @@ from embed.eager import run_eager
 from embed.evaluate import EvaluationError, evaluate
 from embed.inputs import random_inputs
 from embed.ir import Graph
-from embed.loopnest import Access, Affine, Call, Load
+from embed.loopnest import Access, Affine, Call, FloorDiv, Load
 from embed.lower import lower
 from embed.partition import partition
 from embed.zoo.family import FAMILIES
@@ -389,3 +389,20 @@ def test_a_sum_of_products_over_dims_its_operands_lack(a_index, b_index, want) -
     program = replace(program, nests=(replace(nest, statement=replace(nest.statement, body=body)),))
     data = {"a": rand((4, 6), 50), "b": rand((6, 5), 51)}
     np.testing.assert_allclose(evaluate(program, data)["out"], want(data["a"], data["b"]), rtol=1e-12)
+
+
+@pytest.mark.parametrize(("op", "identity"), [("reduce_max", -np.inf), ("reduce_min", np.inf), ("reduce_sum", 0.0)])
+def test_a_reduction_over_nothing_is_its_combiners_identity(op: str, identity: float) -> None:
+    g = single(op, [("x", (3, 0), "float32")], (3,), axes=[1])
+    np.testing.assert_array_equal(evaluate(lower(g), {"x": np.zeros((3, 0))})["out"], np.full(3, identity))
+
+
+def test_a_padded_read_through_a_floor_division_gives_the_fill() -> None:
+    # out[p] = sum over r < 6 of x[p, r // 2 - 1], reads left of x giving 0: (0 + 0) + 2 x[p, 0] + 2 x[p, 1]
+    program = lower(single("reduce_sum", [("x", (4, 6), "float32")], (4,), axes=[1]))
+    (nest,) = program.nests
+    column = Affine.of(FloorDiv(Affine.of(nest.reduction[0].name), 2)) + (-1)
+    body = Load(Access("x", (Affine.of(nest.parallel[0].name), column), 0.0))
+    program = replace(program, nests=(replace(nest, statement=replace(nest.statement, body=body)),))
+    x = rand((4, 6), 52)
+    np.testing.assert_allclose(evaluate(program, {"x": x})["out"], 2 * x[:, 0] + 2 * x[:, 1], rtol=1e-12)

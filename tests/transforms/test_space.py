@@ -56,6 +56,14 @@ def test_adapt_clamps_drops_and_substitutes() -> None:
     assert adapt(legal, program) == (legal, [])
 
 
+
+def test_adapt_keeps_the_later_of_two_steps_for_one_choice() -> None:
+    program = PROGRAMS["reduction"]()
+    recipe, changes = adapt(parse("unroll(2);tile(p1,4);tile(p0,8);unroll(8);tile(p1,16)"), program)
+    assert str(recipe) == "tile(p0,8);unroll(8);tile(p1,16)"  # tiles of p0 and p1 are two choices, unroll one
+    assert changes == ["unroll(2): replaced by the later unroll(8)", "tile(p1,4): replaced by the later tile(p1,16)"]
+
+
 def test_mutate_brings_foreign_recipes_into_the_space() -> None:
     program = PROGRAMS["contraction"]()
     space = RecipeSpace(program)
