@@ -75,6 +75,8 @@ def test_dicts_and_failures_are_accepted(database: Database, seed) -> None:
         ({"ok": False}, "needs an error_kind"),
         ({"median_s": -1.0}, "finite and >= 0"),
         ({"median_s": math.nan}, "finite and >= 0"),
+        ({"median_s": math.inf}, "finite and >= 0"),  # a failure is ok=False with an error kind, not an infinity
+        ({"spread_s": math.inf}, "spread_s must be finite and >= 0"),
         ({"repeats": -2}, "repeats must be >= 0"),
     ],
 )
