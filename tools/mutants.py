@@ -135,8 +135,8 @@ ADAPT = ("tests/transforms/test_space.py", "tests/transforms/test_split.py", "te
 A, TR = "transforms/adapt.py", "transforms/transformation.py"
 INGEST = ("tests/db/test_measurements.py", "tests/db/test_concurrency.py")
 M, INS = "db/repositories/measurements.py", "db/repositories/_insert.py"
-CUDA_ROWS = ("tests/transforms/test_codegen_cuda.py", "tests/transforms/test_split.py",
-             "tests/transforms/test_stage.py")
+CUDA_ROWS = ("tests/transforms/test_cuda_merges.py", "tests/transforms/test_cuda_on_host.py",
+             "tests/transforms/test_codegen_cuda.py", "tests/transforms/test_split.py")
 CU, ROWS = "transforms/codegen/cuda.py", "transforms/codegen/cuda_rows.py"
 
 MUTANTS += [
@@ -198,7 +198,7 @@ MUTANTS += [
     Mutant("ingest-embeddings-after-spins", "embeddings_after re-reads its last row forever",
            "db/repositories/embeddings.py",
            "        after_id = rows[-1].id\n", "        after_id = rows[-1].id - 1\n", INDEX),
-    # cuda row math: generated CUDA whose numbers only a GPU (tests -m gpu) checks
+    # cuda row math: checked on the host (merge helpers compiled alone, thread-per-row kernels emulated)
     Mutant("cuda-welford-merge", "Chan's merge drops the n factor of M2", CU,
            "m += d * f; q += q2 + d * d * n * f; n = all;", "m += d * f; q += q2 + d * d * f; n = all;", CUDA_ROWS),
     Mutant("cuda-welford-mean", "Chan's merge moves the mean by the wrong weight", CU,
