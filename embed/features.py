@@ -263,5 +263,5 @@ def _stride_shares(f: dict[str, float], program: LoopProgram) -> None:
         if "p0" in roles:
             add("store", "p0", [n.statement.write], n)
     for (key, bucket), w in weights.items():
-        f[f"{key}_stride_{bucket}"] = w / totals[key]
+        f[f"{key}_stride_{bucket}"] = w / totals[key] if totals[key] else 0.0  # zero-size dims: no iterations
 

@@ -191,12 +191,14 @@ def tune(
     repeats: int = 10,
     progress: Progress | None = None,
     reorder: bool = False,
+    timeout_s: float = 30.0,
 ) -> TuneResults:
     """Tune every distinct tunable subgraph of ``target``: the default recipe first, then ``budget`` recipes
     proposed by ``strategy`` (exhaustive | random | evolutionary) in batches.
 
     With ``reorder`` (a model graph only), the subgraphs of every order of its sparse-dense chains
-    (``transforms.reorder.chain_orders``) are tuned too, and ``orders`` compares the orders of each chain."""
+    (``transforms.reorder.chain_orders``) are tuned too, and ``orders`` compares the orders of each chain.
+    ``timeout_s`` bounds each candidate's validation and timing in the worker."""
     graphs = chain_orders(target) if reorder and isinstance(target, Graph) else []
     parts = [partition(g) for g in graphs]
     results = TuneResults()
@@ -204,7 +206,8 @@ def tune(
     with Worker() as worker:
         for task in tasks_of([s for p in parts for s in p] if graphs else target, seed=seed):
             space = RecipeSpace(task.program, backend)
-            evaluate_recipes = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats)
+            evaluate_recipes = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
+                                         timeout_s=timeout_s)
             default = default_recipe(task.program, backend)
             (first,) = evaluate_recipes([default])
             search_strategy = create(strategy, space, budget=budget, seed=seed)

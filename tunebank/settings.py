@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -15,6 +15,18 @@ class Settings(BaseSettings):
     index_metric: str = Field(default="l2", description="'l2' or 'ip' (inner product)")
     index_search_params: str = Field(default="", description="FAISS search parameters, e.g. 'efSearch=256'")
     max_model_bytes: int = Field(default=512 * 2**20, description="largest model file accepted")
+    max_tensor_elements: int = Field(default=2**31, gt=0, description="most elements one tensor of a model may have")
+    max_nodes: int = Field(default=20_000, gt=0, description="most nodes a model may have")
+    max_problem_bytes: int = Field(default=2 * 2**30, gt=0,
+                                   description="most memory one tuning problem may take (inputs, outputs, reference)")
+    max_kernel_nodes: int = Field(default=256, gt=0, description="most nodes one tuned subgraph (a kernel) may fuse")
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _data_dir_given(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("is empty; unset it to use ~/.tunebank, or give a folder")
+        return value
 
     @property
     def resolved_database_url(self) -> str:

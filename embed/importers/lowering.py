@@ -43,6 +43,14 @@ def rounded(value: float, dtype: DType) -> float:
     return float(np.float32(value)) if dtype == DType.FLOAT32 else float(value)
 
 
+def axis_in(axis: int, rank: int, what: str = "axis") -> int:
+    """``axis`` in ``[0, rank)``, counting from the end when negative; out of ``[-rank, rank)`` it is refused, never
+    wrapped."""
+    if not -max(rank, 1) <= axis < max(rank, 1):
+        raise ModelImportError(f"{what} {axis} is out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
 def broadcast(*shapes: Shape) -> Shape:
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
@@ -64,6 +72,7 @@ class Lowering:
     def __init__(self, name: str) -> None:
         self.builder = GraphBuilder(name[:256])
         self.env: dict[str, str] = {}
+        self._suffix: dict[str, int] = {}  # base name -> last suffix tried: names sharing a prefix stay linear
 
     def shape(self, tensor: str) -> Shape:
         return self.builder.tensors[tensor].shape
@@ -83,10 +92,11 @@ class Lowering:
 
     def fresh_name(self, name: str) -> str:
         name = name[:250] or "t"
-        candidate, i = name, 0
+        candidate, i = name, self._suffix.get(name, 0)
         while candidate in self.builder.tensors:
             i += 1
             candidate = f"{name}_{i}"
+        self._suffix[name] = i
         return candidate
 
     def emit(self, op: str, inputs: Sequence[str], shape: Shape, dtype: DType, /, **attrs: object) -> str:
@@ -104,6 +114,8 @@ class Lowering:
         return self.emit("reshape", [x], shape, self.dtype(x), shape=list(shape))
 
     def transpose(self, x: str, perm: Sequence[int]) -> str:
+        if sorted(perm) != list(range(len(self.shape(x)))):
+            raise ModelImportError(f"perm {list(perm)[:16]} is not a permutation of the {len(self.shape(x))} axes")
         if list(perm) == list(range(len(perm))):
             return x
         shape = tuple(self.shape(x)[p] for p in perm)
@@ -124,7 +136,7 @@ class Lowering:
     def gather(self, x: str, index: str, axis: int) -> str:
         """index_select along ``axis`` for an index of any rank (flattened to 1-D, result reshaped back)."""
         shape, ishape = self.shape(x), self.shape(index)
-        axis %= len(shape)
+        axis = axis_in(axis, len(shape))
         flat = self.reshape(index, (math.prod(ishape),))
         gathered = (*shape[:axis], math.prod(ishape), *shape[axis + 1:])
         y = self.emit("gather", [x, flat], gathered, self.dtype(x), axis=axis)
@@ -133,7 +145,7 @@ class Lowering:
     def slice(self, x: str, axis: int, start: int, end: int, step: int = 1) -> str:
         """One ``slice`` node with Python slice semantics (clamped bounds), or ``x`` when it keeps everything."""
         shape = self.shape(x)
-        axis %= len(shape)
+        axis = axis_in(axis, len(shape))
         start, end, step = slice(start, end, step).indices(shape[axis])
         if step <= 0:
             raise ModelImportError("slices with a negative step are not supported")
@@ -145,8 +157,8 @@ class Lowering:
     def select(self, x: str, axis: int, index: int) -> str:
         """``x[..., index, ...]`` along ``axis``: a one-element slice, then a reshape dropping the axis."""
         shape = self.shape(x)
-        axis %= len(shape)
-        index %= shape[axis]
+        axis = axis_in(axis, len(shape))
+        index = axis_in(index, shape[axis], "index") if shape[axis] else index
         return self.reshape(self.slice(x, axis, index, index + 1), shape[:axis] + shape[axis + 1:])
 
     def split(self, x: str, axis: int, sizes: Sequence[int]) -> list[str]:

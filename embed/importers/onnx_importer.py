@@ -26,8 +26,9 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper, shape_inference
 
 from embed.errors import EmbedError, ModelImportError
+from embed.importers.files import read_limited
 from embed.importers.lowering import Lowering, one_line
-from embed.importers.onnx_node import OnnxNode, Value
+from embed.importers.onnx_node import GROWING, OnnxNode, Value
 from embed.importers.onnx_ops import CONVERTERS, FOLDABLE
 from embed.ir import MAX_DIM, MAX_ELEMENTS, MAX_NODES, MAX_RANK, DType, Graph
 
@@ -51,19 +52,7 @@ def import_onnx(path: str | PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
                 dims: Mapping[str, int] | None = None) -> Graph:
     """Import the ONNX file at ``path``; raises ``ModelImportError``/``InvalidGraphError`` with one line."""
     file = Path(path)
-    try:
-        info = file.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise ModelImportError(f"{file.name} is not a regular file; give the path of an .onnx file")
-        size = info.st_size
-        if size > max_bytes:
-            raise ModelImportError(f"{file.name} is {size} bytes, over the limit of {max_bytes} bytes")
-        with file.open("rb") as f:
-            data = f.read(max_bytes + 1)
-    except OSError as exc:
-        raise ModelImportError(f"cannot read {file}: {exc.strerror}") from None
-    if len(data) > max_bytes:
-        raise ModelImportError(f"{file.name} is over the limit of {max_bytes} bytes")
+    data = read_limited(file, max_bytes)
     return import_onnx_bytes(data, name=file.stem, dims=dims, folder=file.parent)
 
 
@@ -199,6 +188,9 @@ class _Importer:
                 raise type(exc)(f"node {i} ({node.op_type} {node.name[:80]!r}): {exc}") from None
             except Exception as exc:  # hostile files reach corners of the converters; report, never a traceback
                 raise ModelImportError(f"node {i} ({node.op_type} {node.name[:80]!r}): {one_line(exc)}") from None
+        for out in self.graph.output:
+            if isinstance(self.values.get(out.name), list) or self.types.get(out.name, (None, 0))[1] == -1:
+                raise ModelImportError(f"graph output {out.name[:80]!r} is a sequence, which the IR does not support")
         outputs = [OnnxNode.materialize(self, out.name) for out in self.graph.output]
         return self.lw.build(list(dict.fromkeys(outputs)))
 
@@ -230,21 +222,45 @@ class _Importer:
         return params
 
     def _infer_types(self) -> None:
+        """Shapes computed by ONNX shape inference with the file's declarations (``value_info``, output shapes)
+        taken out first, so a lying declaration cannot shrink a huge tensor; a declaration is used only where
+        inference knows nothing (the outputs of ops outside ONNX, for one)."""
         for inp in self.graph.input:
             for dim in inp.type.tensor_type.shape.dim:
                 if dim.HasField("dim_param") and dim.dim_param in self.dims:
                     dim.dim_value = int(self.dims[dim.dim_param])
+        declared = {info.name: (self._shape_of(info), info.type.tensor_type.elem_type)
+                    for info in [*self.graph.value_info, *self.graph.output]}
+        stripped = onnx.ModelProto()
+        stripped.CopyFrom(self.model)
+        del stripped.graph.value_info[:]
+        for out in stripped.graph.output:
+            if out.type.HasField("tensor_type"):
+                out.type.tensor_type.ClearField("shape")
         try:
-            inferred = shape_inference.infer_shapes(self.model, check_type=False, strict_mode=False, data_prop=True)
+            inferred = shape_inference.infer_shapes(stripped, check_type=False, strict_mode=False, data_prop=True)
         except Exception as exc:
             raise ModelImportError(f"ONNX shape inference failed: {one_line(exc)}") from None
         g = inferred.graph
         for info in [*g.input, *g.value_info, *g.output]:
-            tt = info.type.tensor_type
-            known = tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
-            shape = tuple(d.dim_value for d in tt.shape.dim) if known else None
+            if info.type.HasField("sequence_type") or info.type.HasField("optional_type"):
+                self.types[info.name] = (None, -1)
+                continue
+            shape = self._shape_of(info)
             if info.name not in self.types or shape is not None:
-                self.types[info.name] = (shape, tt.elem_type)
+                self.types[info.name] = (shape, info.type.tensor_type.elem_type)
+        grown = {o for n in self.graph.node if n.op_type in GROWING and n.domain in ("", "ai.onnx") for o in n.output}
+        for name, (shape, elem) in declared.items():
+            known, known_elem = self.types.get(name, (None, 0))
+            if shape is not None and known is None and known_elem != -1 and name not in grown:
+                self.types[name] = (shape, known_elem or elem)
+
+    @staticmethod
+    def _shape_of(info: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+        tt = info.type.tensor_type
+        known = info.type.HasField("tensor_type") and tt.HasField("shape") and all(
+            d.HasField("dim_value") for d in tt.shape.dim)
+        return tuple(d.dim_value for d in tt.shape.dim) if known else None
 
     def dtype_of(self, elem_type: int, what: str) -> DType:
         dtype = ELEM_TYPES.get(elem_type)
@@ -256,6 +272,8 @@ class _Importer:
 
     def type_of(self, name: str, what: str) -> tuple[tuple[int, ...], DType]:
         shape, elem = self.types.get(name, (None, 0))
+        if elem == -1:
+            raise ModelImportError(f"{what} is a sequence or an optional, which the IR does not support")
         if shape is None:
             hint = f" (symbols: {sorted(self._symbols())})" if self._symbols() else ""
             raise ModelImportError(

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 Value = str | np.ndarray | list[str]  # an IR tensor, a static array, or a sequence
 NP_DTYPES = {"float32": DType.FLOAT32, "float64": DType.FLOAT64, "float16": DType.FLOAT16,
              "bfloat16": DType.BFLOAT16, "int64": DType.INT64, "int32": DType.INT32, "bool": DType.BOOL}
-_GROWING = frozenset({"Expand", "ConstantOfShape", "Range", "Tile"})  # outputs may dwarf inputs
+GROWING = frozenset({"Expand", "ConstantOfShape", "Range", "Tile"})  # outputs may dwarf inputs
 
 
 class OnnxNode:
@@ -82,10 +82,33 @@ class OnnxNode:
         present = [i for i in range(len(self.node.input)) if self.has(i)]
         if not present or any(self.static(i) is None for i in present):
             return False
+        if self.node.op_type in GROWING:  # their output may dwarf their inputs: fold only when computed small
+            size = self._grown_size()
+            return size is not None and size <= limit
         shapes = [self.imp.types.get(o, (None, 0))[0] for o in self.node.output]
-        if self.node.op_type in _GROWING:  # their output may dwarf their inputs: fold only when known small
-            return all(s is not None and math.prod(s) <= limit for s in shapes)
         return all(s is None or math.prod(s) <= limit for s in shapes)
+
+    def _grown_size(self) -> int | None:
+        """Elements of the output of Expand, ConstantOfShape, Range or Tile, computed from the input values (never
+        from the file's declarations), or None when they do not say."""
+        try:
+            op = self.node.op_type
+            if op == "ConstantOfShape":
+                return math.prod(max(d, 0) for d in self.ints(0))
+            if op == "Expand":
+                target = self.ints(1)
+                shape = self.shape(0)
+                rank = max(len(shape), len(target))
+                dims = [1] * (rank - len(shape)) + list(shape), [1] * (rank - len(target)) + target
+                return math.prod(max(a, b, 0) for a, b in zip(*dims, strict=True))
+            if op == "Range":
+                start, end, delta = (float(self.static(i).reshape(-1)[0]) for i in range(3))  # type: ignore[union-attr]
+                return max(math.ceil((end - start) / delta), 0) if delta else None
+            if op == "Tile":
+                return math.prod(self.shape(0)) * math.prod(max(r, 0) for r in self.ints(1))
+        except (ModelImportError, ValueError, TypeError, OverflowError, IndexError, AttributeError):
+            return None
+        return None
 
     def fold(self) -> list[Value]:
         feeds = {self.node.input[i]: self.static(i) for i in range(len(self.node.input)) if self.has(i)}

@@ -10,11 +10,12 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from embed.errors import ModelImportError
-from embed.importers.lowering import broadcast, rounded
+from embed.importers.lowering import axis_in, broadcast, rounded
 from embed.importers.onnx_node import NP_DTYPES, OnnxNode, Value
 from embed.ir import MAX_CONST_ELEMENTS, DType
 
 Converter = Callable[[OnnxNode], list[Value]]
+MAX_PARTS = 1024  # pieces one SplitToSequence may make (each is a node)
 CONVERTERS: dict[tuple[str, str], Converter] = {}
 FOLDABLE = frozenset({
     "Add", "Sub", "Mul", "Div", "Neg", "Concat", "Gather", "Unsqueeze", "Squeeze", "Slice",
@@ -96,7 +97,7 @@ def _clip(n: OnnxNode) -> list[Value]:
 @converter("Softmax", "LogSoftmax")
 def _softmax(n: OnnxNode) -> list[Value]:
     op = "softmax" if n.node.op_type == "Softmax" else "log_softmax"
-    return [n.emit(op, [n.x(0)], axis=n.attr("axis", -1) % len(n.shape(0)))]
+    return [n.emit(op, [n.x(0)], axis=axis_in(n.attr("axis", -1), len(n.shape(0))))]
 
 
 @converter("LayerNormalization", "RMSNormalization")
@@ -104,7 +105,7 @@ def _norm(n: OnnxNode) -> list[Value]:
     if n.uses_extra_outputs():
         return n.as_opaque()
     rank = len(n.shape(0))
-    axes = list(range(n.attr("axis", -1) % rank, rank))
+    axes = list(range(axis_in(n.attr("axis", -1), rank), rank))
     op = "layer_norm" if n.node.op_type == "LayerNormalization" else "rms_norm"
     inputs = [n.x(i) for i in range(len(n.node.input)) if n.has(i)]
     return [n.emit(op, inputs, axes=axes, eps=rounded(n.attr("epsilon", 1e-5), DType.FLOAT32))]
@@ -119,7 +120,7 @@ def _reduce(n: OnnxNode) -> list[Value]:
     axes = n.ints(1) if n.has(1) else list(n.attr("axes", []))
     if not axes and n.attr("noop_with_empty_axes", 0):
         return [n.x(0)]
-    axes = sorted({a % rank for a in axes}) if axes else list(range(rank))
+    axes = sorted({axis_in(a, rank) for a in axes}) if axes else list(range(rank))
     return [n.emit(_REDUCE[n.node.op_type], [n.x(0)], axes=axes, keepdim=bool(n.attr("keepdims", 1)))]
 
 
@@ -203,7 +204,7 @@ def _batch_norm(n: OnnxNode) -> list[Value]:
 def _transpose(n: OnnxNode) -> list[Value]:
     rank = len(n.shape(0))
     perm = n.attr("perm", list(range(rank))[::-1])
-    return [n.lw.transpose(n.x(0), [p % rank for p in perm])]
+    return [n.lw.transpose(n.x(0), [axis_in(p, rank, "perm entry") for p in perm])]
 
 
 def _reshape_target(shape: tuple[int, ...], spec: list[int], allowzero: bool) -> tuple[int, ...]:
@@ -238,6 +239,8 @@ def _expand(n: OnnxNode) -> list[Value]:
 def _constant_of_shape(n: OnnxNode) -> list[Value]:
     value = n.attr("value")
     shape, dtype = n.out()
+    if n.static(0) is not None and tuple(n.ints(0)) != shape:  # the computed shape, whatever was declared
+        raise ModelImportError(f"ConstantOfShape makes {n.ints(0)[:8]}, not the declared {list(shape)}")
     scalar = n.lw.const(float(numpy_helper.to_array(value).reshape(-1)[0]) if value is not None else 0.0, dtype)
     return [n.lw.emit("expand", [scalar], shape, dtype, shape=list(shape))]
 
@@ -247,7 +250,7 @@ def _concat(n: OnnxNode) -> list[Value]:
     inputs = [n.x(i) for i in range(len(n.node.input)) if n.has(i) and math.prod(n.shape(i)) > 0]
     if len(inputs) == 1:
         return inputs  # type: ignore[return-value]
-    return [n.emit("concat", inputs, axis=n.attr("axis") % len(n.shape(0)))]
+    return [n.emit("concat", inputs, axis=axis_in(n.attr("axis"), len(n.shape(0))))]
 
 
 @converter("Slice")
@@ -266,7 +269,7 @@ def _slice(n: OnnxNode) -> list[Value]:
 @converter("Split")
 def _split(n: OnnxNode) -> list[Value]:
     x = n.x(0)
-    axis = n.attr("axis", 0) % len(n.lw.shape(x))
+    axis = axis_in(n.attr("axis", 0), len(n.lw.shape(x)))
     return n.lw.split(x, axis, [n.out(k)[0][axis] for k in range(len(n.node.output))])  # type: ignore[return-value]
 
 
@@ -274,10 +277,15 @@ def _split(n: OnnxNode) -> list[Value]:
 def _split_to_sequence(n: OnnxNode) -> list[Value]:
     x = n.x(0)
     shape = n.lw.shape(x)
-    axis = n.attr("axis", 0) % len(shape)
-    sizes = n.ints(1) if n.has(1) else [1] * shape[axis]
+    axis = axis_in(n.attr("axis", 0), len(shape))
+    sizes = n.ints(1) if n.has(1) else [1] * min(shape[axis], MAX_PARTS + 1)
     if len(sizes) == 1 and shape[axis] != sizes[0]:
+        if sizes[0] <= 0:
+            raise ModelImportError(f"split size {sizes[0]} is not positive")
         sizes = [sizes[0]] * (shape[axis] // sizes[0]) + ([shape[axis] % sizes[0]] if shape[axis] % sizes[0] else [])
+    if len(sizes) > MAX_PARTS or (not n.has(1) and shape[axis] > MAX_PARTS):
+        raise ModelImportError(f"SplitToSequence into {max(len(sizes), shape[axis])} parts, over the limit of "
+                               f"{MAX_PARTS}")
     parts = n.lw.split(x, axis, sizes)
     if not n.has(1) and not n.attr("keepdims", 1):
         parts = [n.lw.reshape(p, shape[:axis] + shape[axis + 1:]) for p in parts]

@@ -36,4 +36,5 @@ def test_stats_prints_counts_per_table_device_and_kind(database: Database, seed)
 def test_a_bad_url_is_one_line_not_a_traceback() -> None:
     result = runner.invoke(app, ["stats"], env={"TUNEBANK_DATABASE_URL": "mysql://x/y"})
     assert result.exit_code == 2
-    assert result.output.strip() == "error: unsupported database backend 'mysql'; use sqlite or postgresql"
+    assert result.output.strip() == ("error: TUNEBANK_DATABASE_URL='mysql://x/y': cannot open the database: "
+                                     "unsupported database backend 'mysql'; use sqlite or postgresql")

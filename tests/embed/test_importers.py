@@ -229,7 +229,7 @@ def test_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:
 
 
 def test_load_model_rejects_unknown_specs(tmp_path: Path) -> None:
-    with pytest.raises(ModelImportError, match="expected a path to an .onnx file or zoo:NAME"):
+    with pytest.raises(ModelImportError, match="expected a path to an .onnx or .json file, or zoo:NAME"):
         load_model("model.pt")
     with pytest.raises(ModelImportError, match="cannot read"):
         load_model(str(tmp_path / "missing.onnx"))

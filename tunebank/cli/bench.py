@@ -19,11 +19,12 @@ import typer
 from rich.console import Console
 
 from embed.errors import EmbedError
+from embed.importers.files import read_limited
 from embed.registry import UnknownNameError
 from service.bench_report import report_json, report_markdown
 from service.bench_transfer import BenchConfig, run_bench
 from service.devices import toolchain
-from service.measure import Checkpoint, MeasurementTable, Measurer, MissingMeasurementError, RunStopped, live_measurer
+from service.measure import Checkpoint, MeasurementTable, Measurer, MissingMeasurementError, RunStopped
 from tunebank.cli.errors import fail
 from tunebank.settings import Settings
 
@@ -40,10 +41,12 @@ def _csv(text: str) -> tuple[str, ...]:
 def _recording(path: Path) -> dict[str, Any]:
     """A report or checkpoint JSON (both hold ``measurements``, and ``runs`` when made by this command)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_limited(path, Settings().max_model_bytes))
+        if not isinstance(data, dict) or not isinstance(data.get("runs", []), list):
+            raise ValueError("expected an object with 'measurements' (and a list of 'runs')")
         MeasurementTable.from_json(data["measurements"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        fail(f"cannot read a recording from {path}: {e}")
+    except (EmbedError, OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
+        fail(f"cannot read a recording from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return data
 
 
@@ -71,6 +74,19 @@ def _live_table(backend: str, resume: Path | None) -> tuple[MeasurementTable, li
     return table, list(data.get("runs", []))
 
 
+def _measurer(table: MeasurementTable, *, backend: str, cache_dir: Path, worker: Any, repeats: int,
+              checkpoint: Checkpoint, timeout_s: float) -> Measurer:
+    """``service.measure.live_measurer`` with each candidate bounded by ``timeout_s``."""
+    from transforms.tune import eager_seconds, evaluator
+
+    def run(task: Any, recipes: list[Any]) -> list[Any]:
+        return evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
+                         timeout_s=timeout_s)(recipes)
+
+    return Measurer(table, run=run, eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=backend),
+                    checkpoint=checkpoint)
+
+
 @app.command("transfer")
 def transfer_command(
     models: Annotated[str, typer.Option(help="comma-separated zoo names or .onnx files")] = DEFAULT_MODELS,
@@ -93,6 +109,8 @@ def transfer_command(
     encoder_seed: Annotated[int | None, typer.Option(
         help="seed of the learned encoder's training (default: --seed); a replay can vary it alone")] = None,
     cpu_threads: Annotated[int, typer.Option(min=0, help="OpenMP threads for cpu kernels (0: leave as is)")] = 0,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="seconds each candidate may take to validate "
+                                                                     "and time before its worker is killed")] = 30.0,
     replay: Annotated[Path | None, typer.Option(help="replay the measurements of an earlier JSON report")] = None,
     resume: Annotated[Path | None, typer.Option(help="continue from a checkpoint (or report): measure only what "
                                                      "it lacks")] = None,
@@ -140,8 +158,8 @@ def transfer_command(
                                              "measurements": table.to_json()})
 
             saver = Checkpoint(save, every_s=checkpoint_every, stop_after_s=stop_after or math.inf)
-            measurer = live_measurer(table, backend=backend, cache_dir=Settings().data_dir / "kernels",
-                                     worker=worker, repeats=repeats, checkpoint=saver)
+            measurer = _measurer(table, backend=backend, cache_dir=Settings().data_dir / "kernels", worker=worker,
+                                 repeats=repeats, checkpoint=saver, timeout_s=timeout)
 
         def progress(message: str) -> None:
             console.print(f"[{time.monotonic() - started:5.0f} s, {measurer.evaluations} kernels] {message}",

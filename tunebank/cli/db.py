@@ -1,27 +1,22 @@
-"""``tunebank db upgrade|stats``: apply the schema migrations; print what the database holds."""
+"""``tunebank db upgrade|stats``: apply the schema migrations; print what the database holds (a read: it never
+creates a database)."""
 
+import json
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from db.errors import DbError
 from db.migrate import check_schema, current_revision, upgrade
 from db.repositories.stats import coverage
-from db.session import Database
+from tunebank.cli.common import open_database, settings
 from tunebank.cli.errors import fail
-from tunebank.settings import Settings
+from tunebank.cli.text import plain, stdout_console
 
 app = typer.Typer(help="The performance database: migrations and statistics.", no_args_is_help=True)
-console = Console(width=None if Console().is_terminal else 200)
-
-
-def _open() -> Database:
-    try:
-        return Database(Settings().resolved_database_url)
-    except DbError as e:
-        fail(str(e))
+console = stdout_console()
 
 
 @app.command("upgrade")
@@ -29,7 +24,7 @@ def upgrade_command(
     revision: Annotated[str, typer.Option("--to", help="target revision")] = "head",
 ) -> None:
     """Apply the schema migrations (creates the database if it does not exist)."""
-    database = _open()
+    database = open_database(settings(), create=True)
     try:
         before = current_revision(database.engine) or "empty"
         after = upgrade(database.engine, revision)
@@ -41,23 +36,30 @@ def upgrade_command(
 
 
 @app.command("stats")
-def stats_command() -> None:
+def stats_command(
+    as_json: Annotated[bool, typer.Option("--json", help="print the statistics as JSON")] = False,
+) -> None:
     """Rows per table, and per device and per subgraph kind what is measured and embedded."""
-    database = _open()
+    database = open_database(settings())
     try:
         check_schema(database.engine)
         with database.scope() as session:
             stats = coverage(session)
     except DbError as e:
         fail(str(e))
+    except Exception as e:  # noqa: BLE001 (driver errors on a broken or foreign database: one line)
+        fail(f"cannot read {database.engine.url.render_as_string()}: {str(e).splitlines()[0] if str(e) else e!r}")
     finally:
         database.dispose()
+    if as_json:
+        typer.echo(json.dumps(asdict(stats), indent=1))
+        return
     tables = Table("table", "rows", title="Tables")
     for name, count in stats.tables.items():
         tables.add_row(name, f"{count:,}")
     devices = Table("device", "class", "measurements", "ok", "subgraphs measured", "embeddings", title="Per device")
     for d in stats.devices:
-        devices.add_row(d.device, d.device_class, f"{d.measurements:,}", f"{d.ok_measurements:,}",
+        devices.add_row(plain(d.device), plain(d.device_class), f"{d.measurements:,}", f"{d.ok_measurements:,}",
                         f"{d.subgraphs_measured:,}", f"{d.embeddings:,}")  # fmt: skip
     kinds = Table("kind", "subgraphs", "with an ok measurement", "measurements", title="Per subgraph kind")
     for k in stats.kinds:

@@ -6,21 +6,21 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from embed.canonical import family_hash
 from embed.errors import EmbedError
 from embed.features import StaticFeatures, static_features
-from embed.importers import load_model
 from embed.ir import Graph
 from embed.lower import lower
 from embed.partition import partition
 from embed.subgraph import Subgraph
+from tunebank.cli.common import load_graph, settings
 from tunebank.cli.errors import fail
-from tunebank.settings import Settings
+from tunebank.cli.text import plain, printable, stdout_console
 
-console = Console(width=None if Console().is_terminal else 200)
+console = stdout_console()
 
 
 def _raw(features: StaticFeatures, name: str) -> float:
@@ -39,7 +39,8 @@ def _shapes(sub: Subgraph) -> str:
     graph = sub.graph
     ins = [graph.tensors[n] for n in graph.inputs if graph.tensors[n].role.value == "input"]
     outs = [graph.tensors[n] for n in graph.outputs]
-    fmt = lambda ts: ", ".join("x".join(map(str, t.shape)) or "scalar" for t in ts)  # noqa: E731
+    fmt = lambda ts: ", ".join("x".join(map(str, t.shape)) or "scalar" for t in ts[:4]) + (  # noqa: E731
+        f", …(+{len(ts) - 4})" if len(ts) > 4 else "")
     return f"{fmt(ins)} -> {fmt(outs)}"
 
 
@@ -48,8 +49,10 @@ def _ops(sub: Subgraph, limit: int = 6) -> str:
     return "+".join(ops[:limit]) + (f"+…({len(ops) - limit})" if len(ops) > limit else "")
 
 
-def _analyse(sub: Subgraph) -> tuple[Any, StaticFeatures | None]:
-    if not sub.tunable:
+def _analyse(sub: Subgraph, max_nodes: int) -> tuple[Any, StaticFeatures | None]:
+    """Loop program and static features of a tunable subgraph of at most ``max_nodes`` nodes (the larger ones could
+    not be tuned either: TUNEBANK_MAX_KERNEL_NODES)."""
+    if not sub.tunable or len(sub.graph.nodes) > max_nodes:
         return None, None
     program = lower(sub.graph)
     return program, static_features(program, family_hash=family_hash(sub.graph))
@@ -61,7 +64,7 @@ def _row(sub: Subgraph, features: StaticFeatures | None) -> list[str]:
     else:
         flops, nbytes = _raw(features, "lg_flops"), _raw(features, "lg_min_bytes")
         numbers = [_si(flops), _si(nbytes) + "B", f"{flops / nbytes:.2f}" if nbytes else "-"]
-    return [sub.structural_hash[:12], sub.kind.value, _ops(sub), _shapes(sub), *numbers]
+    return [sub.structural_hash[:8], sub.kind.value, plain(_ops(sub)), _shapes(sub), *numbers]
 
 
 def _document(graph: Graph, analysed: list[tuple[Subgraph, Any, StaticFeatures | None]]) -> dict[str, Any]:
@@ -87,7 +90,8 @@ def _document(graph: Graph, analysed: list[tuple[Subgraph, Any, StaticFeatures |
 
 
 def inspect_command(
-    model: Annotated[str, typer.Argument(help="an .onnx file or zoo:NAME")] = "",
+    model: Annotated[str, typer.Argument(help="zoo model name or zoo:NAME, .onnx file, or IR .json (a graph "
+                                              "document or what inspect --json wrote)")] = "",
     json_path: Annotated[Path | None, typer.Option("--json", help="write the full IR and features here")] = None,
     list_zoo: Annotated[bool, typer.Option("--list-zoo", help="list the zoo's model names and exit")] = False,
 ) -> None:
@@ -99,21 +103,22 @@ def inspect_command(
         return
     if not model:
         fail("missing MODEL: give an .onnx path or zoo:NAME (tunebank inspect --list-zoo lists the zoo)")
-    settings = Settings()
+    config = settings()
+    with console.status(escape(printable(f"importing {model}", 60))):
+        graph = load_graph(model, config)
     try:
-        with console.status(f"importing {model}"):
-            graph = load_model(model, max_bytes=settings.max_model_bytes)
         subgraphs = partition(graph)
-        analysed = [(sub, *_analyse(sub)) for sub in subgraphs]
+        analysed = [(sub, *_analyse(sub, config.max_kernel_nodes)) for sub in subgraphs]
     except EmbedError as exc:
         fail(str(exc))
-    except OSError as exc:
-        fail(f"cannot read {model}: {exc.strerror or exc}")
+    except MemoryError:
+        fail(f"out of memory analysing {model!r}")
 
-    table = Table(title=f"{graph.name or model}: {len(subgraphs)} subgraphs")
-    for column in ("hash", "kind", "ops", "shapes", "flops", "min bytes", "flop/B"):
-        numeric = column in ("flops", "min bytes", "flop/B")
-        table.add_column(column, justify="right" if numeric else "left", no_wrap=column != "shapes")
+    table = Table(title=plain(f"{graph.name or model}: {len(subgraphs)} subgraphs"))
+    for column in ("hash", "kind", "ops", "shapes", "flops", "bytes", "flop/B"):
+        numeric = column in ("flops", "bytes", "flop/B")
+        table.add_column(column, justify="right" if numeric else "left", no_wrap=column not in ("ops", "shapes"),
+                         overflow="fold")
     for sub, _, features in analysed:
         table.add_row(*_row(sub, features))
     console.print(table)
@@ -122,10 +127,14 @@ def inspect_command(
     reasons = Counter(sub.not_tunable_reason for sub in subgraphs if not sub.tunable)
     distinct = len({sub.structural_hash for sub in subgraphs})
     console.print(
-        f"{len(subgraphs)} subgraphs ({distinct} distinct): " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
-    )
+        f"{len(subgraphs)} subgraphs ({distinct} distinct): " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
+        markup=False)
     not_tunable = sum(reasons.values())
-    console.print(f"not tunable: {not_tunable}" + "".join(f"\n  {n} x {reason}" for reason, n in reasons.items()))
+    console.print(plain(f"not tunable: {not_tunable}", 10**6), *(plain(f"  {n} x {reason}") for reason, n in
+                                                                   reasons.items()), sep="\n")
     if json_path is not None:
-        json_path.write_text(json.dumps(_document(graph, analysed), indent=1))
-        console.print(f"wrote {json_path}")
+        try:
+            json_path.write_text(json.dumps(_document(graph, analysed), indent=1, allow_nan=False))
+        except OSError as exc:
+            fail(f"cannot write {json_path}: {exc.strerror or exc}")
+        console.print(plain(f"wrote {json_path}"))

@@ -3,41 +3,83 @@
 
 import json
 import math
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from db.errors import DbError
-from db.session import Database
 from embed.errors import EmbedError
-from embed.importers import load_model
-from embed.ir import Graph, graph_from_json
+from embed.ir import Graph
+from embed.partition import partition
 from embed.registry import UnknownNameError
-from service.measure import MeasurementTable, Measurer, live_measurer
+from service.measure import MeasurementTable, Measurer
 from service.tune_transfer import transfer_model
 from transforms.backends import BackendUnavailableError, resolve_backend
 from transforms.run import Worker
 from transforms.search import strategies
-from transforms.tune import Task, tune
-from tunebank.cli.errors import fail
+from transforms.tune import Task, eager_seconds, evaluator, tune
+from tunebank.cli.common import data_folder, load_graph, open_database, problem_bytes, settings
+from tunebank.cli.errors import fail, warn
+from tunebank.cli.text import plain, printable, stdout_console
 from tunebank.settings import Settings
 
-console = Console(width=None if Console().is_terminal else 200)
+console = stdout_console()
 
-
-def _load(spec: str) -> Graph:
-    """A zoo model name, ``zoo:NAME``, an ``.onnx`` file or an IR ``.json`` file (a model or one subgraph)."""
-    if spec.lower().endswith(".json"):
-        return graph_from_json(Path(spec).read_text())
-    return load_model(spec if spec.startswith("zoo:") or spec.lower().endswith(".onnx") else f"zoo:{spec}")
+CpuThreads = Annotated[int, typer.Option(min=0, help="OpenMP threads for cpu kernels (0: leave OMP_NUM_THREADS as is)")]
+Timeout = Annotated[float, typer.Option("--timeout", min=0.1, help="seconds each candidate may take to validate and "
+                                                                   "time before its worker is killed")]
 
 
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f}" if math.isfinite(seconds) else "-"
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None: the JSON printed is strict (no ``Infinity``/``NaN``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def print_json(value: Any) -> None:
+    typer.echo(json.dumps(_finite(value), default=lambda v: None, allow_nan=False, indent=1))
+
+
+def set_cpu_threads(threads: int, *, warn_busy: bool = True) -> None:
+    """Pin OpenMP threads of the kernel workers started from now on; unpinned, warn when the machine looks busy."""
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # read by the worker processes
+        return
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if warn_busy and load > 0.75 * cores and not os.environ.get("OMP_NUM_THREADS"):
+        warn(f"the machine is busy (load {load:.1f} on {cores} cores): OpenMP timings may be noisy; "
+             "pass --cpu-threads N")
+
+
+def check_problem_sizes(graph: Graph, config: Settings) -> None:
+    """Refuse, before anything is allocated or generated, a model with a subgraph whose tuning problem would not fit
+    TUNEBANK_MAX_PROBLEM_BYTES, or that fuses more than TUNEBANK_MAX_KERNEL_NODES nodes."""
+    try:
+        subgraphs = partition(graph)
+    except EmbedError as e:
+        fail(str(e))
+    for sub in subgraphs:
+        if sub.tunable and len(sub.graph.nodes) > config.max_kernel_nodes:
+            fail(f"subgraph {sub.structural_hash[:8]} ({sub.kind.value}) fuses {len(sub.graph.nodes)} nodes, over the "
+                 f"limit of {config.max_kernel_nodes} (TUNEBANK_MAX_KERNEL_NODES)")
+        size = problem_bytes(sub.graph)
+        if sub.tunable and size > config.max_problem_bytes:
+            fail(f"subgraph {sub.structural_hash[:8]} ({sub.kind.value}) needs about {size} bytes to validate, over "
+                 f"the limit of {config.max_problem_bytes} (TUNEBANK_MAX_PROBLEM_BYTES)")
 
 
 def tune_command(
@@ -54,22 +96,28 @@ def tune_command(
     fill: Annotated[bool, typer.Option(help="transfer: fill the places the neighbours leave of k x per-neighbour: "
                                             "their variants, vendor-ranked recipes, random ones")] = True,
     encoder: Annotated[str, typer.Option(help="transfer: static | static+profiled | learned")] = "static",
+    cpu_threads: CpuThreads = 0,
+    timeout: Timeout = 30.0,
 ) -> None:
-    """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups."""
+    """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups.
+
+    Exit codes: 0 when something was measured, 1 when every candidate failed, 2 for bad input or settings."""
     if strategy != "transfer" and (strategy not in strategies.names() or strategy == "given_candidates"):
         fail(f"unknown strategy {strategy!r}; choose one of: exhaustive, random, evolutionary, transfer")
+    config = settings()
     try:
         backend = resolve_backend(backend)
     except (ValueError, BackendUnavailableError) as e:
         fail(str(e))
-    cache_dir = Settings().data_dir / "kernels"
-    try:
-        graph = _load(model)
-    except (EmbedError, OSError, ValueError) as e:
-        fail(str(e).splitlines()[0])
+    graph = load_graph(model, config)
+    check_problem_sizes(graph, config)
+    cache_dir = data_folder(config, "kernels")
+    if backend == "cpu":
+        set_cpu_threads(cpu_threads, warn_busy=not as_json)
     if strategy == "transfer":
-        _transfer(model, graph, backend=backend, cache_dir=cache_dir, encoder=encoder, k=k,
-                  local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed, as_json=as_json)
+        _transfer(model, graph, config, backend=backend, cache_dir=cache_dir, encoder=encoder, k=k,
+                  local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed, as_json=as_json,
+                  timeout_s=timeout)
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=as_json) as bar:
@@ -77,59 +125,91 @@ def tune_command(
 
         def progress(task: Task, done: int, total: int) -> None:
             if task.name not in ids:
-                ids[task.name] = bar.add_task(task.name[:60], total=total)
+                ids[task.name] = bar.add_task(escape(printable(task.name, 60)), total=total)
             bar.update(ids[task.name], completed=min(done, total))
 
         try:
             results = tune(graph, strategy=strategy, backend=backend, budget=budget, cache_dir=cache_dir, seed=seed,
-                           progress=progress, reorder=reorder)
+                           progress=progress, reorder=reorder, timeout_s=timeout)
         except (EmbedError, UnknownNameError, ValueError) as e:
             fail(str(e).splitlines()[0])
+        except MemoryError:
+            fail(f"out of memory tuning {model!r}: lower TUNEBANK_MAX_PROBLEM_BYTES or tune a smaller model")
     if as_json:
         rows = [{**r.__dict__, "speedup": r.speedup, "speedup_vs_eager": r.speedup_vs_eager} for r in results]
         orders = [{**o.__dict__, "winner": o.winner} for o in results.orders]
-        console.print_json(json.dumps({"subgraphs": rows, "orders": orders} if reorder else rows,
-                                      default=lambda v: None))
-        return
-    table = Table(title=f"{model}: {len(results)} subgraphs, {strategy}, budget {budget}, {backend}")
-    for column in ("subgraph", "kind", "space", "eager us", "default us", "best us", "x default", "x eager",
-                   "tried", "failed", "best recipe"):
-        table.add_column(column, overflow="fold")
+        print_json({"subgraphs": rows, "orders": orders} if reorder else rows)
+    else:
+        _print_results(model, results, strategy=strategy, budget=budget, backend=backend)
+    _exit_when_nothing_measured([r.best_s for r in results], sum(r.evaluated for r in results))
+
+
+def _exit_when_nothing_measured(best: list[float], tried: int) -> None:
+    if best and not any(math.isfinite(s) for s in best):
+        fail(f"nothing could be measured: all {tried} candidates of {len(best)} subgraphs failed", code=1)
+    if not best:
+        warn("the model has no tunable subgraph: nothing to tune")
+
+
+def _print_results(model: str, results: Any, *, strategy: str, budget: int, backend: str) -> None:
+    title = f"{model}: {len(results)} subgraphs, {strategy}, budget {budget}, {backend}; times in us"
+    table = Table(title=plain(title))
+    table.add_column("subgraph", overflow="fold")
+    for column in ("eager", "default", "best", "x def", "x eager", "tried", "fail"):
+        table.add_column(column, justify="right", no_wrap=True)
     for r in results:
-        table.add_row(r.name, r.kind, str(r.space_size), _us(r.eager_s), _us(r.default_s), _us(r.best_s),
-                      f"{r.speedup:.2f}", f"{r.speedup_vs_eager:.2f}", str(r.evaluated), str(r.failed),
-                      r.best_recipe or "-")
+        table.add_row(plain(_short(r.name, model)), _us(r.eager_s), _us(r.default_s), _us(r.best_s),
+                      f"{r.speedup:.2f}", f"{r.speedup_vs_eager:.2f}", str(r.evaluated), str(r.failed))
     console.print(table)
+    if results:
+        console.print(plain("best recipes (recipe space size):"))
+    for r in results:
+        console.print(plain(f"  {r.name}: {r.best_recipe or '-'} ({r.space_size})", 10**4), soft_wrap=True)
     if results.orders:
         orders = Table(title="chain orders (sum of the subgraphs' best times)")
         for column in ("chain", "A·(X·W) us", "(A·X)·W us", "winner"):
-            orders.add_column(column)
+            orders.add_column(column, overflow="fold")
         for o in results.orders:
-            orders.add_row(o.chain, _us(o.original_s), _us(o.reordered_s), o.winner)
+            orders.add_row(plain(o.chain), _us(o.original_s), _us(o.reordered_s), o.winner)
         console.print(orders)
 
 
-def transfer_measurer(backend: str, cache_dir: Path, worker: Worker) -> Measurer:
-    """Live measurements on this machine's ``backend`` device (peaks measured once per run)."""
+def _short(name: str, model: str) -> str:
+    """``gpt_decoder#3 (matmul+add)`` as ``#3 matmul+add`` (the model is in the title)."""
+    head, sep, rest = name.partition("#")
+    return f"#{rest.replace(' (', ' ', 1).removesuffix(')')}" if sep and head and head in model else name
+
+
+def transfer_measurer(backend: str, cache_dir: Path, worker: Worker, *, timeout_s: float = 30.0,
+                      repeats: int = 10) -> Measurer:
+    """Live measurements on this machine's ``backend`` device (peaks measured once per run), each candidate bounded
+    by ``timeout_s``."""
     from service.devices import detect_device
     from tunebank.cli.bench import toolchain
 
-    return live_measurer(MeasurementTable(detect_device(backend), toolchain(backend)), backend=backend,
-                         cache_dir=cache_dir, worker=worker)
+    def run(task: Task, recipes: list[Any]) -> list[Any]:
+        return evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
+                         timeout_s=timeout_s)(recipes)
+
+    return Measurer(MeasurementTable(detect_device(backend), toolchain(backend)), run=run,
+                    eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=backend))
 
 
-def _transfer(model: str, graph: Graph, *, backend: str, cache_dir: Path, encoder: str, k: int, local_budget: int,
-              per_neighbour: int, fill: bool, seed: int, as_json: bool) -> None:
-    settings = Settings()
-    database = Database(settings.resolved_database_url)
+def _transfer(model: str, graph: Graph, config: Settings, *, backend: str, cache_dir: Path, encoder: str, k: int,
+              local_budget: int, per_neighbour: int, fill: bool, seed: int, as_json: bool, timeout_s: float) -> None:
+    database = open_database(config)
     try:
         with Worker() as worker:
-            measurer = transfer_measurer(backend, cache_dir, worker)
-            results = transfer_model(database, graph, measurer, backend=backend, index_dir=settings.index_dir,
+            measurer = transfer_measurer(backend, cache_dir, worker, timeout_s=timeout_s)
+            results = transfer_model(database, graph, measurer, backend=backend, index_dir=config.index_dir,
                                      encoder=encoder, k=k, local_budget=local_budget, per_neighbour=per_neighbour,
                                      fill=fill, seed=seed)
     except (DbError, EmbedError, UnknownNameError, LookupError, ValueError) as e:
-        fail(str(e).splitlines()[0])
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except OSError as e:
+        fail(f"TUNEBANK_DATA_DIR={str(config.data_dir)!r}: {e.strerror or e}: {e.filename or ''}")
+    except MemoryError:
+        fail(f"out of memory tuning {model!r}: lower TUNEBANK_MAX_PROBLEM_BYTES or tune a smaller model")
     finally:
         database.dispose()
     if as_json:
@@ -138,15 +218,17 @@ def _transfer(model: str, graph: Graph, *, backend: str, cache_dir: Path, encode
                  "winner": r.result.winner, "evaluations": r.result.evaluations,
                  "neighbours": [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe,
                                  "changes": list(n.changes)} for n in r.result.neighbours]} for r in results]
-        console.print_json(json.dumps(rows, default=lambda v: None))
+        print_json(rows)
+        _exit_when_nothing_measured([r.result.winner_s for r in results], sum(r.result.evaluations for r in results))
         return
-    table = Table(title=f"{model}: {len(results)} subgraphs, transfer ({encoder}, k {k}, local budget {local_budget}), "
-                        f"{backend}")
+    table = Table(title=plain(f"{model}: {len(results)} subgraphs, transfer ({encoder}, k {k}, local budget "
+                              f"{local_budget}), {backend}"))
     for column in ("subgraph", "kind", "neighbours (distance)", "default us", "best us", "x default", "tried",
                    "winner (validated)"):
         table.add_column(column, overflow="fold")
     for r in results:
         near = ", ".join(f"{n.structural_hash[:8]} ({n.distance:.2f})" for n in r.result.neighbours) or "none"
-        table.add_row(r.name, r.kind, near, _us(r.result.default_s), _us(r.result.winner_s),
-                      f"{r.result.speedup:.2f}", str(r.result.evaluations), r.result.winner)
+        table.add_row(plain(r.name), r.kind, near, _us(r.result.default_s), _us(r.result.winner_s),
+                      f"{r.result.speedup:.2f}", str(r.result.evaluations), plain(r.result.winner, 10**4))
     console.print(table)
+    _exit_when_nothing_measured([r.result.winner_s for r in results], sum(r.result.evaluations for r in results))
