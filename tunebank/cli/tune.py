@@ -111,14 +111,15 @@ def tune_command(
         fail(str(e))
     graph = load_graph(model, config)
     check_problem_sizes(graph, config)
-    cache_dir = data_folder(config, "kernels")
-    if backend == "cpu":
-        set_cpu_threads(cpu_threads, warn_busy=not as_json)
+    threads = cpu_threads if backend == "cpu" else None
     if strategy == "transfer":
-        _transfer(model, graph, config, backend=backend, cache_dir=cache_dir, encoder=encoder, k=k,
+        _transfer(model, graph, config, backend=backend, encoder=encoder, k=k,
                   local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed, as_json=as_json,
-                  timeout_s=timeout)
+                  timeout_s=timeout, cpu_threads=threads)
         return
+    cache_dir = data_folder(config, "kernels")
+    if threads is not None:
+        set_cpu_threads(threads, warn_busy=not as_json)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=as_json) as bar:
         ids: dict[str, int] = {}
@@ -195,9 +196,13 @@ def transfer_measurer(backend: str, cache_dir: Path, worker: Worker, *, timeout_
                     eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=backend))
 
 
-def _transfer(model: str, graph: Graph, config: Settings, *, backend: str, cache_dir: Path, encoder: str, k: int,
-              local_budget: int, per_neighbour: int, fill: bool, seed: int, as_json: bool, timeout_s: float) -> None:
+def _transfer(model: str, graph: Graph, config: Settings, *, backend: str, encoder: str, k: int,
+              local_budget: int, per_neighbour: int, fill: bool, seed: int, as_json: bool, timeout_s: float,
+              cpu_threads: int | None) -> None:
     database = open_database(config)
+    cache_dir = data_folder(config, "kernels")
+    if cpu_threads is not None:
+        set_cpu_threads(cpu_threads, warn_busy=not as_json)
     try:
         with Worker() as worker:
             measurer = transfer_measurer(backend, cache_dir, worker, timeout_s=timeout_s)
