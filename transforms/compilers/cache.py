@@ -1,7 +1,14 @@
-"""A content-addressed artifact cache shared by the compilers."""
+"""A content-addressed artifact cache shared by the compilers.
+
+Each artifact ``<sha256 of key><suffix>`` has a sidecar ``<artifact>.sha256`` holding the digest of its bytes, written
+after it. An entry whose bytes do not match (truncated, replaced, or written before digests existed) is rebuilt, so
+a broken cache is never taken for a failed compile. The cache folders are private (0700); the temporary build
+folders a killed process leaves behind are removed by the next process that builds there.
+"""
 
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -37,16 +44,84 @@ def cached_build(
     start = time.perf_counter()
     digest = hashlib.sha256("\0".join(key).encode()).hexdigest()
     target = Path(cache_dir) / backend / f"{digest}{suffix}"
-    if target.exists():
+    if verified(target):
         return BuildResult(backend, artifact=str(target), seconds=time.perf_counter() - start, cached=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as workdir:
+    folder = private_folder(Path(cache_dir), backend)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=f"{_BUILD_PREFIX}{os.getpid()}-") as workdir:
         try:
-            os.replace(produce(Path(workdir)), target)
+            artifact = produce(Path(workdir))
         except CompileFailure as e:
             message = str(e).replace(workdir + os.sep, "").strip()[-MAX_MESSAGE:]
             return BuildResult(backend, error_kind=e.kind, error=message, seconds=time.perf_counter() - start)
+        try:
+            _store(Path(workdir), artifact, target)
+        except OSError as e:
+            return BuildResult(backend, error_kind="compile", error=f"cannot store the kernel in the cache "
+                               f"{cache_dir}: {e.strerror or e}", seconds=time.perf_counter() - start)
     return BuildResult(backend, artifact=str(target), seconds=time.perf_counter() - start)
+
+
+def _store(workdir: Path, artifact: Path, target: Path) -> None:
+    """Move ``artifact`` to ``target``, then its digest beside it (a folder in the way is removed: the cache heals)."""
+    sidecar = workdir / "artifact.sha256"
+    sidecar.write_text(_file_digest(artifact))
+    for path in (target, _sidecar(target)):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+    os.replace(artifact, target)
+    os.replace(sidecar, _sidecar(target))
+
+
+_BUILD_PREFIX = "build-"
+_swept: set[Path] = set()
+
+
+def _sidecar(artifact: Path) -> Path:
+    return artifact.with_name(artifact.name + ".sha256")
+
+
+def _file_digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def verified(artifact: str | Path) -> bool:
+    """Whether ``artifact`` exists and its bytes match the digest stored beside it."""
+    artifact = Path(artifact)
+    try:
+        return _sidecar(artifact).read_text().strip() == _file_digest(artifact)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def private_folder(cache_dir: Path, backend: str) -> Path:
+    """``cache_dir/backend``, both made (or narrowed to) owner-only; once per process, the build folders of processes
+    that died (SIGKILL leaves ``TemporaryDirectory`` behind) are removed."""
+    folder = cache_dir / backend
+    for path in (cache_dir, folder):
+        path.mkdir(mode=0o700, exist_ok=True, parents=path is cache_dir)
+        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    if folder not in _swept:
+        _swept.add(folder)
+        for entry in folder.glob(f"{_BUILD_PREFIX}*"):
+            pid = entry.name.removeprefix(_BUILD_PREFIX).split("-")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_tool(argv: Sequence[str], *, timeout_s: float) -> None:

@@ -6,7 +6,7 @@ import platform
 from collections.abc import Sequence
 from pathlib import Path
 
-from transforms.compilers.cache import CompileFailure, cached_build, run_tool, tool_version
+from transforms.compilers.cache import CompileFailure, cached_build, run_tool, tool_version, verified
 from transforms.results import BuildResult
 
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
@@ -47,5 +47,8 @@ def compile_c(
 
 
 def load(artifact: str) -> ctypes.CDLL:
-    """Load a compiled library (kernels are looked up on it by symbol name)."""
+    """Load a compiled library (kernels are looked up on it by symbol name) once its bytes match the cache's digest:
+    a library replaced after it was built is never run."""
+    if not verified(artifact):
+        raise OSError(f"{Path(artifact).name} does not match the digest it was cached with")
     return ctypes.CDLL(str(Path(artifact).resolve()))

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from transforms.compilers.cache import CompileFailure, cached_build, run_tool, tool_version
+from transforms.compilers.cache import CompileFailure, cached_build, run_tool, tool_version, verified
 from transforms.results import BuildResult
 
 DEFAULT_ARCH = "compute_90"
@@ -113,7 +113,9 @@ def compile_cuda(
 
 
 def load(artifact: str) -> Any:
-    """Load a PTX or cubin file into a ``cupy.RawModule`` (needs a GPU)."""
+    """Load a PTX or cubin file into a ``cupy.RawModule`` (needs a GPU) once its bytes match the cache's digest."""
     import cupy
 
+    if not verified(artifact):
+        raise OSError(f"{Path(artifact).name} does not match the digest it was cached with")
     return cupy.RawModule(path=str(artifact))
