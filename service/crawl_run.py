@@ -304,9 +304,11 @@ def crawl_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
     """The ``crawl`` job kind: a crawl on this machine's device with a live measurer."""
     from service.devices import detect_device
     from service.measure import MeasurementTable, live_measurer
+    from transforms.backends import resolve_backend
     from transforms.run import Worker
 
     crawl, context = CrawlParams.from_params(params), progress.context
+    crawl = replace(crawl, backend=resolve_backend(crawl.backend))  # "auto" (a submitted crawl): this machine's
     with Worker() as worker:
         table = MeasurementTable(detect_device(crawl.backend), toolchain_of(crawl.backend))
         measurer = live_measurer(table, backend=crawl.backend, cache_dir=context.data_dir / "kernels", worker=worker)

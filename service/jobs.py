@@ -214,8 +214,11 @@ class Executor:
         """Claim and run job ``job_id`` (what a Celery task does); ``None`` when it is not claimable now (finished,
         or held by a live worker). Raises ``LockBusyError`` when its kind's lock is held elsewhere."""
         with self.database.scope() as session:
-            kind = jobs.get_job(session, job_id).kind
+            job = jobs.get_job(session, job_id)
+            kind, queue = job.kind, (job.params or {}).get("_queue")
         lock = EXCLUSIVE.get(kind)
+        if lock is not None and queue:  # one crawl at a time per queue (device class), not across the cluster
+            lock = f"{lock}:{queue}"
         with contextlib.nullcontext(True) if lock is None else self.holding(lock) as free:
             if not free:
                 raise LockBusyError(f"job {job_id}: lock {lock!r} is held by another process")

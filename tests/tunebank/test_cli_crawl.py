@@ -2,6 +2,7 @@
 measures nothing; bad input and a crawl already running end with one line."""
 
 import json
+import secrets
 from pathlib import Path
 
 import onnx
@@ -74,3 +75,26 @@ def test_a_crawl_already_running_is_not_started_twice(tmp_path: Path, env: dict[
     with database.scope() as session:
         assert jobs.list_jobs(session, kind="crawl") == []
     database.dispose()
+
+
+def test_a_submitted_crawl_is_queued_for_a_worker(tmp_path: Path, env: dict[str, str]) -> None:
+    import redis
+
+    from tests.service.test_jobs_celery import BROKER, _require_redis
+
+    _require_redis()
+    queue = f"test-{secrets.token_hex(4)}"
+    result = runner.invoke(app, ["crawl", "--models", "gcn", "--submit", queue],
+                           env={**env, "TUNEBANK_BROKER_URL": BROKER})
+    assert result.exit_code == 0, result.output
+    database = Database(f"sqlite:///{tmp_path / 'tunebank.db'}")
+    with database.scope() as session:
+        (job,) = jobs.list_jobs(session, kind="crawl")
+        assert (job.status, job.params["backend"], job.params["_queue"]) == ("queued", "auto", queue)
+    database.dispose()
+    assert f"crawl job {job.id} published to queue {queue!r}" in result.output
+    client = redis.Redis.from_url(BROKER)
+    try:
+        assert client.llen(queue) == 1
+    finally:
+        client.delete(queue)

@@ -35,7 +35,7 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def _params(models: str, families_: str, sizes: str, onnx_dirs: tuple[str, ...], demand: bool, backend: str,
-            strategy: str, budget: int, seed: int, cross: bool, retrain_min: int) -> CrawlParams:
+            strategy: str, budget: int, seed: int, cross: bool, retrain_min: int, *, here: bool) -> CrawlParams:
     chosen = _csv(families_)
     strange = [m for m in _csv(models) if m.partition("-")[0] not in FAMILIES]
     if strange:
@@ -48,7 +48,7 @@ def _params(models: str, families_: str, sizes: str, onnx_dirs: tuple[str, ...],
     if strategy not in strategies.names() or strategy == "given_candidates":
         fail(f"unknown strategy {strategy!r}; choose one of: exhaustive, random, evolutionary")
     try:
-        backend = resolve_backend(backend)
+        backend = resolve_backend(backend) if here else backend  # a submitted crawl resolves it on its worker
     except (ValueError, BackendUnavailableError) as e:
         fail(str(e))
     return CrawlParams(models=_csv(models), families=chosen, sizes=sizes, onnx_dirs=onnx_dirs, demand=demand,
@@ -134,13 +134,16 @@ def crawl_command(
     schedule_: Annotated[str | None, typer.Option(
         "--schedule", help="cron expression, e.g. '0 2 * * *': keep running and crawl on it")] = None,
     wait: Annotated[bool, typer.Option(help="when another crawl is running, wait for it instead of exiting")] = False,
+    submit: Annotated[str | None, typer.Option(
+        help="publish the crawl to this queue for `tunebank worker --queue QUEUE` instead of running it here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Tune what is not yet in the database for this device and toolchain (demand queue, zoo models, ONNX folders),
     cross-apply best recipes, and retrain the learned encoder when enough new data arrived."""
     settings = Settings()
     dirs = tuple(dict.fromkeys([*settings.crawl_dir_list, *(onnx_dir or [])]))
-    params = _params(models, families_, sizes, dirs, demand, backend, strategy, budget, seed, cross, retrain_min)
+    params = _params(models, families_, sizes, dirs, demand, backend, strategy, budget, seed, cross, retrain_min,
+                     here=submit is None)
     if not (params.models or params.families or params.onnx_dirs or params.demand):
         fail("nothing to crawl: give --models, --families, --onnx-dir (or TUNEBANK_CRAWL_DIRS), or --demand")
     if schedule_ is not None:
@@ -156,7 +159,12 @@ def crawl_command(
     executor = Executor(JobContext(database, settings.data_dir, settings.index_dir), kinds={"crawl"},
                         lease_s=settings.job_lease_s)
     try:
-        if schedule_ is None:
+        if submit is not None:
+            from service.jobs_celery import celery_app, submit_to
+
+            job_id = submit_to(celery_app(settings.broker_url), database, "crawl", params.to_params(), queue=submit)
+            console.print(f"crawl job {job_id} published to queue {submit!r}", markup=False)
+        elif schedule_ is None:
             _once(executor, params, wait=wait, as_json=as_json)
         else:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
