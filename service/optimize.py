@@ -393,8 +393,8 @@ def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: Optimi
                 reference: Callable[..., object] | None) -> tuple[Plan, PlanModule | None]:
     """Time ways to run the model whole and keep the fastest: the plan, on cuda with and without one CUDA graph,
     and the all-eager plan in one CUDA graph; when none beats eager (``reference``, by default the graph run
-    eagerly), the all-eager plan without a graph, which is eager. Returns the plan kept and its module (None when
-    the plan cannot run here)."""
+    eagerly), the all-eager plan without a graph, which runs ``reference`` itself. Returns the plan kept and its
+    module (None when the plan cannot run here)."""
     graph = plan.graph
     device = torch.device("cuda" if ctx.backend == "cuda" else "cpu")
     drawn = random_weights(graph, device, seed=config.seed) if params is None or inputs is None else {}
@@ -420,11 +420,9 @@ def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: Optimi
                                                                calls=config.model_calls))
     if report.eager_model_s is not None and not seconds < report.eager_model_s:
         report.model_fallback = True
-        if reference is None:  # the all-eager plan is what was timed as eager
-            report.model_s = report.eager_model_s
-            return eager_plan, eager
-        fallback = PlanModule(eager_plan, params, cache_dir=ctx.cache_dir, device=device)
-        report.model_s = _none_if_nan(seconds_per_call(fallback, inputs, calls=config.model_calls))
+        report.model_s = report.eager_model_s  # what runs is eager itself: the graph's ops, or the user's module
+        fallback = eager if reference is None else PlanModule(eager_plan, params, cache_dir=ctx.cache_dir,
+                                                              device=device, eager_model=reference)
         return eager_plan, fallback
     report.model_s = _none_if_nan(seconds)
     report.model_fallback = ways[best].kernels < plan.kernels

@@ -167,10 +167,13 @@ def compile_kernels(kernels: Sequence[Kernel | None], backend: str, cache_dir: P
 
 class PlanModule(torch.nn.Module):
     """A plan as a module: ``forward(*inputs)`` takes the model's inputs (in graph order) and returns its output
-    (a tuple when the model has several). ``params`` maps every weight of the graph to its tensor."""
+    (a tuple when the model has several). ``params`` maps every weight of the graph to its tensor.
+    ``eager_model``: the user's own module, which an all-eager plan without a CUDA graph (the plan that says "run
+    the model as it is") calls instead of interpreting the graph op by op."""
 
     def __init__(self, plan: Plan, params: Mapping[str, torch.Tensor], *, cache_dir: Path,
-                 device: str | torch.device | None = None, cuda_graph: bool = True) -> None:
+                 device: str | torch.device | None = None, cuda_graph: bool = True,
+                 eager_model: Callable[..., Any] | None = None) -> None:
         super().__init__()
         backend = plan.target.backend
         if backend == "cuda" and not torch.cuda.is_available():
@@ -196,6 +199,7 @@ class PlanModule(torch.nn.Module):
             for s, k, a in zip(subgraphs, kernels, artifacts, strict=True)
         ]
         self.use_cuda_graph = cuda_graph and plan.cuda_graph and self.device.type == "cuda"
+        self.eager_model = eager_model if not plan.kernels and not self.use_cuda_graph else None
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 
@@ -208,6 +212,8 @@ class PlanModule(torch.nn.Module):
         return [env[name] for name in self.plan.graph.outputs]
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self.eager_model is not None:
+            return self.eager_model(*inputs)
         inputs = tuple(self._checked(inputs))
         with torch.no_grad():
             outputs = self._replay(inputs) if self.use_cuda_graph else self.run(*inputs)
