@@ -71,7 +71,8 @@ Progress = Callable[[int, int, str], None]  # (subgraphs done, distinct subgraph
 class OptimizeConfig:
     """Knobs of one optimize run. ``margin``: how much faster than eager a kernel must be to be chosen;
     ``far_distance``: a nearest neighbour farther than this (in the encoder's distance) queues the subgraph for the
-    crawler; ``model_calls``: calls timed per whole-model measurement."""
+    crawler; ``model_calls``: calls timed per whole-model measurement; ``model_margin``: how much faster than eager
+    the whole plan must be to be kept (whole-model timings move by a percent or two between runs)."""
 
     k: int = 5
     margin: float = 0.05
@@ -80,7 +81,8 @@ class OptimizeConfig:
     seed: int = 0
     repeats: int = 10
     time_model: bool = True
-    model_calls: int = 20
+    model_calls: int = 50
+    model_margin: float = 0.02
     compare_compile: bool = True
 
 
@@ -418,7 +420,7 @@ def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: Optimi
     if ctx.backend == "cuda" and config.compare_compile:
         report.compile_model_s = _none_if_nan(seconds_per_call(torch.compile(eager), inputs,
                                                                calls=config.model_calls))
-    if report.eager_model_s is not None and not seconds < report.eager_model_s:
+    if report.eager_model_s is not None and not seconds * (1 + config.model_margin) < report.eager_model_s:
         report.model_fallback = True
         report.model_s = report.eager_model_s  # what runs is eager itself: the graph's ops, or the user's module
         fallback = eager if reference is None else PlanModule(eager_plan, params, cache_dir=ctx.cache_dir,

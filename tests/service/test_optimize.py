@@ -131,7 +131,8 @@ def test_a_kernel_is_chosen_only_when_it_beats_eager_by_the_margin(kernel_s: flo
     assert row.choice == choice
 
 
-@pytest.mark.parametrize(("plan_s", "eager_s", "fallback"), [(1.0, 2.0, False), (3.0, 2.0, True), (2.0, 2.0, True)])
+@pytest.mark.parametrize(("plan_s", "eager_s", "fallback"), [(1.0, 2.0, False), (3.0, 2.0, True), (2.0, 2.0, True),
+                                                             (1.97, 2.0, True), (1.95, 2.0, False)])
 def test_the_plan_is_kept_only_when_it_beats_eager_as_a_whole(ctx: Context, monkeypatch: pytest.MonkeyPatch,
                                                              plan_s: float, eager_s: float, fallback: bool) -> None:
     import service.optimize as optimize_module
