@@ -30,8 +30,9 @@ def settings() -> Settings:
 
 
 def model_spec(spec: str) -> str:
-    """``zoo:NAME``, a path, or a bare zoo name (no suffix, no folder): what ``inspect`` and ``tune`` both take."""
-    if spec.startswith("zoo:") or "." in Path(spec).name or os.sep in spec:
+    """``zoo:NAME``, a path (``.onnx``, ``.json``, in a folder, or on disk), or a bare zoo name (``gcn-n64-f16-d0.05``):
+    what ``inspect`` and ``tune`` both take."""
+    if spec.startswith("zoo:") or spec.lower().endswith((".onnx", ".json")) or os.sep in spec or os.path.lexists(spec):
         return spec
     return f"zoo:{spec}"
 

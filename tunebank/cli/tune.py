@@ -212,7 +212,8 @@ def _transfer(model: str, graph: Graph, config: Settings, *, backend: str, encod
     except (DbError, EmbedError, UnknownNameError, LookupError, ValueError) as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:
-        fail(f"TUNEBANK_DATA_DIR={str(config.data_dir)!r}: {e.strerror or e}: {e.filename or ''}")
+        fail(f"TUNEBANK_DATA_DIR={str(config.data_dir)!r}: {e.strerror or e}: {e.filename or ''} (index files are "
+             "rebuilt from the database when removed)")
     except MemoryError:
         fail(f"out of memory tuning {model!r}: lower TUNEBANK_MAX_PROBLEM_BYTES or tune a smaller model")
     finally:
