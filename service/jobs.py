@@ -41,6 +41,7 @@ JOB_KINDS.register_lazy("crawl", "service.crawl_run:crawl_job")
 EXCLUSIVE = {"crawl": "crawl"}  # kind -> the lock its jobs hold while they run
 MAX_ATTEMPTS = {"crawl": 20}  # a crawl resumes where it stopped, so every attempt makes progress
 DEFAULT_MAX_ATTEMPTS = 3
+QUEUE_PARAM = "_queue"  # in a job's params: the Celery queue it was published to (the function never sees it)
 
 Listener = Callable[[float, str], None]
 
@@ -195,9 +196,20 @@ class Executor:
                     jobs.release_lock(session, lock, owner=self.owner)
 
     def _claim(self, kind: str) -> Job | None:
+        """The oldest claimable job of ``kind``, leased to this executor; jobs published to a Celery queue are left
+        to that queue's workers."""
         with self.database.scope() as session:
-            return jobs.claim_next(session, owner=self.owner, lease_s=self.lease_s, kinds={kind},
-                                   max_attempts=MAX_ATTEMPTS.get(kind, DEFAULT_MAX_ATTEMPTS))
+            rows = session.execute(select(Job.id, Job.params).where(
+                Job.kind == kind, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING])).order_by(Job.id)).all()
+            dead = dead_owners(session)
+            for job_id, params in rows:
+                if (params or {}).get(QUEUE_PARAM):
+                    continue
+                job = jobs.claim_job(session, job_id, owner=self.owner, lease_s=self.lease_s, take_from=dead,
+                                     max_attempts=MAX_ATTEMPTS.get(kind, DEFAULT_MAX_ATTEMPTS))
+                if job is not None:
+                    return job
+        return None
 
     def run_next(self, listener: Listener | None = None) -> Job | None:
         """Claim and run one job (oldest first within a kind); ``None`` when there was none to claim."""
@@ -215,7 +227,7 @@ class Executor:
         or held by a live worker). Raises ``LockBusyError`` when its kind's lock is held elsewhere."""
         with self.database.scope() as session:
             job = jobs.get_job(session, job_id)
-            kind, queue = job.kind, (job.params or {}).get("_queue")
+            kind, queue = job.kind, (job.params or {}).get(QUEUE_PARAM)
         lock = EXCLUSIVE.get(kind)
         if lock is not None and queue:  # one crawl at a time per queue (device class), not across the cluster
             lock = f"{lock}:{queue}"
@@ -234,7 +246,7 @@ class Executor:
         log.info("job %s (%s) attempt %s: started", job.id, job.kind, job.attempts)
         try:
             with _Heartbeat(self.database, progress, self.lease_s, lock):
-                params = {k: v for k, v in job.params.items() if not k.startswith("_")}  # "_queue": where it runs
+                params = {k: v for k, v in job.params.items() if k != QUEUE_PARAM}
                 result = self.registry.get(job.kind)(params, progress)
         except LeaseLostError:
             log.warning("job %s: lease lost; another worker goes on with it", job.id)

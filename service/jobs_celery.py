@@ -28,12 +28,11 @@ from db.repositories import jobs
 from db.repositories.jobs import JobStatus
 from db.session import Database
 from embed.registry import Registry
-from service.jobs import JOB_KINDS, Executor, JobFunction, LockBusyError, dead_owners
+from service.jobs import JOB_KINDS, QUEUE_PARAM, Executor, JobFunction, LockBusyError, dead_owners
 
 log = logging.getLogger(__name__)
 
 TASK = "tunebank.run_job"
-QUEUE_KEY = "_queue"  # in a job's params: the queue it was published to (the executor drops it)
 _executor: Executor | None = None  # the worker's, set by run_worker
 
 
@@ -64,7 +63,7 @@ def submit_to(app: Celery, database: Database, kind: str, params: dict[str, Any]
     """Queue a job of a registered kind in the table and publish it to ``queue``; returns its id."""
     registry.get(kind)
     with database.scope() as session:
-        job_id = jobs.enqueue(session, kind, {**params, QUEUE_KEY: queue}).id
+        job_id = jobs.enqueue(session, kind, {**params, QUEUE_PARAM: queue}).id
     publish(app, job_id, queue)
     return job_id
 
@@ -82,7 +81,7 @@ def sweep(app: Celery, database: Database, queue: str) -> list[int]:
         dead = set(dead_owners(session))
         rows = session.execute(select(Job.id, Job.lease_owner, Job.lease_expires_at, Job.params)
                                .where(Job.status == JobStatus.RUNNING)).all()
-        orphans = [r for r in rows if (r.params or {}).get(QUEUE_KEY) == queue
+        orphans = [r for r in rows if (r.params or {}).get(QUEUE_PARAM) == queue
                    and (r.lease_owner in dead or _expired(r.lease_expires_at, now))]
         requeued = [r.id for r in orphans if session.execute(
             update(Job).where(Job.id == r.id, Job.status == JobStatus.RUNNING, Job.lease_owner == r.lease_owner)

@@ -169,3 +169,15 @@ def main(db_url: str, data_dir: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+
+
+def test_a_job_published_to_a_queue_is_left_to_that_queue_s_workers(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'tunebank.db'}")
+    upgrade(database.engine)
+    with database.scope() as session:
+        job_id = jobs.enqueue(session, "steps", {"steps": 1, "log": str(tmp_path / "log"), "name": "q",
+                                                 "_queue": "cuda-h200"}).id
+    assert executor(database, tmp_path).run_until_idle() == []
+    done = executor(database, tmp_path).run_id(job_id)  # what its worker's task does
+    assert done is not None and (done.status, "_queue" in done.result) == ("succeeded", False)
+    database.dispose()
