@@ -224,3 +224,20 @@ def test_tables_fit_80_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     lines = (tmp_path / "out").read_text().splitlines()
     assert max(len(line) for line in lines) <= 80
     assert any("matmul" in line for line in lines)  # the ops column is wide enough to read
+
+
+def test_tune_passes_timeout_and_cpu_threads_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+
+    def fake_tune(*args, **kwargs):
+        seen.update(kwargs, threads=os.environ.get("OMP_NUM_THREADS"))
+        return TuneResults([TuneResult("m#0 (relu)", "pointwise", 10, 1e-5, "parallel(1)", 2e-5, "parallel(1)", 1e-5,
+                                       3, 0)])
+
+    monkeypatch.setattr(tune_cli, "tune", fake_tune)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    result = runner.invoke(app, ["tune", "zoo:gpt_decoder-h64-s16-b1", "--backend", "cpu", "--timeout", "2.5",
+                                 "--cpu-threads", "3"], env={"TUNEBANK_DATA_DIR": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    assert seen["timeout_s"] == 2.5 and seen["threads"] == "3"
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

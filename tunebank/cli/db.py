@@ -57,11 +57,11 @@ def stats_command(
     tables = Table("table", "rows", title="Tables")
     for name, count in stats.tables.items():
         tables.add_row(name, f"{count:,}")
-    devices = Table("device", "class", "measurements", "ok", "subgraphs measured", "embeddings", title="Per device")
+    devices = Table("device", "class", "measured", "ok", "subgraphs", "embedded", title="Per device")
     for d in stats.devices:
         devices.add_row(plain(d.device), plain(d.device_class), f"{d.measurements:,}", f"{d.ok_measurements:,}",
                         f"{d.subgraphs_measured:,}", f"{d.embeddings:,}")  # fmt: skip
-    kinds = Table("kind", "subgraphs", "with an ok measurement", "measurements", title="Per subgraph kind")
+    kinds = Table("kind", "subgraphs", "with an ok one", "measured", title="Per subgraph kind (measurements)")
     for k in stats.kinds:
         kinds.add_row(k.kind, f"{k.subgraphs:,}", f"{k.subgraphs_with_ok_measurement:,}", f"{k.measurements:,}")
     for table in (tables, devices, kinds):
