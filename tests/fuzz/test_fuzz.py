@@ -14,6 +14,7 @@ from tests.fuzz.corpus import CLASSES, Case, cases
 from tests.fuzz.runner import preload, run_case
 
 PER_CLASS = 3
+ACCEPTED = {"files/valid", "external_data/beside", "external_data/subfolder"}  # must exit 0: not refused
 SKIP_IN_SAMPLE = {"big_graphs/chain-20k", "big_graphs/inputs-20k-shared-prefix", "big_graphs/json-chain-20k"}
 
 
@@ -23,7 +24,7 @@ def _sample(all_cases: list[Case]) -> list[Case]:
         members = [c for c in all_cases if c.klass == klass and c.id not in SKIP_IN_SAMPLE]
         step = max(len(members) // PER_CLASS, 1)
         chosen += members[::step][:PER_CLASS]
-    return chosen
+    return chosen + [c for c in all_cases if c.id in ACCEPTED and c not in chosen]
 
 
 CORPUS = cases()
@@ -46,3 +47,4 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_case_exits_0_or_2_with_at_most_one_line(case: Case, tmp_path: Path, data_dir: Path) -> None:
     for outcome in run_case(case, tmp_path / "case", data_dir):
         assert outcome.ok, str(outcome)
+        assert outcome.code == 0 or case.id not in ACCEPTED, str(outcome)
