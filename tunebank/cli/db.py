@@ -1,7 +1,6 @@
 """``tunebank db upgrade|stats``: apply the schema migrations; print what the database holds (a read: it never
 creates a database)."""
 
-import json
 from dataclasses import asdict
 from typing import Annotated
 
@@ -11,7 +10,7 @@ from rich.table import Table
 from db.errors import DbError
 from db.migrate import check_schema, current_revision, upgrade
 from db.repositories.stats import coverage
-from tunebank.cli.common import open_database, settings
+from tunebank.cli.common import open_database, settings, strict_json
 from tunebank.cli.errors import fail
 from tunebank.cli.text import plain, stdout_console
 
@@ -52,7 +51,7 @@ def stats_command(
     finally:
         database.dispose()
     if as_json:
-        typer.echo(json.dumps(asdict(stats), indent=1))
+        typer.echo(strict_json(asdict(stats)))
         return
     tables = Table("table", "rows", title="Tables")
     for name, count in stats.tables.items():

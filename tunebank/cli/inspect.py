@@ -1,6 +1,5 @@
 """``tunebank inspect MODEL``: the subgraphs of a model, their kinds, sizes and static features."""
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,7 +15,7 @@ from embed.ir import Graph
 from embed.lower import lower
 from embed.partition import partition
 from embed.subgraph import Subgraph
-from tunebank.cli.common import load_graph, settings
+from tunebank.cli.common import load_graph, settings, strict_json
 from tunebank.cli.errors import fail
 from tunebank.cli.text import plain, printable, stdout_console
 
@@ -134,7 +133,7 @@ def inspect_command(
                                                                    reasons.items()), sep="\n")
     if json_path is not None:
         try:
-            json_path.write_text(json.dumps(_document(graph, analysed), indent=1, allow_nan=False))
+            json_path.write_text(strict_json(_document(graph, analysed)))
         except OSError as exc:
             fail(f"cannot write {json_path}: {exc.strerror or exc}")
         console.print(plain(f"wrote {json_path}"))

@@ -1,7 +1,6 @@
 """``tunebank tune MODEL_OR_SUBGRAPH``: search recipes for every subgraph of a model and report the speedups;
 ``--strategy transfer`` takes them from the nearest neighbours in the local database instead."""
 
-import json
 import math
 import os
 from pathlib import Path
@@ -23,7 +22,7 @@ from transforms.backends import BackendUnavailableError, resolve_backend
 from transforms.run import Worker
 from transforms.search import strategies
 from transforms.tune import Task, eager_seconds, evaluator, tune
-from tunebank.cli.common import data_folder, load_graph, open_database, problem_bytes, settings
+from tunebank.cli.common import data_folder, load_graph, open_database, problem_bytes, settings, strict_json
 from tunebank.cli.errors import fail, warn
 from tunebank.cli.text import plain, printable, stdout_console
 from tunebank.settings import Settings
@@ -39,19 +38,8 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f}" if math.isfinite(seconds) else "-"
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float as None: the JSON printed is strict (no ``Infinity``/``NaN``)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def print_json(value: Any) -> None:
-    typer.echo(json.dumps(_finite(value), default=lambda v: None, allow_nan=False, indent=1))
+    typer.echo(strict_json(value))
 
 
 def set_cpu_threads(threads: int, *, warn_busy: bool = True) -> None:
