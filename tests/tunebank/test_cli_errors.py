@@ -241,3 +241,23 @@ def test_tune_passes_timeout_and_cpu_threads_on(tmp_path: Path, monkeypatch: pyt
     assert result.exit_code == 0, result.output
     assert seen["timeout_s"] == 2.5 and seen["threads"] == "3"
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+
+def test_a_busy_machine_warns_after_timing_and_never_beside_an_error(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"tensors": {"x": {"shape": [4, 8], "dtype": "float32", "role": "input"},
+                                           "y": {"shape": [4, 8], "dtype": "float32"}},
+                               "nodes": [{"op": "softmax", "inputs": ["x"], "outputs": ["y"], "attrs": {"axis": 5}}],
+                               "inputs": ["x"], "outputs": ["y"]}))
+    env = {"TUNEBANK_DATA_DIR": str(tmp_path / "data")}
+    _one_line_exit_2(runner.invoke(app, ["tune", str(bad), "--backend", "cpu"], env=env), "axis 5 out of range")
+    ok = TuneResults([TuneResult("m#0 (relu)", "pointwise", 10, 1e-5, "parallel(1)", 2e-5, "parallel(1)", 1e-5, 3, 0)])
+    monkeypatch.setattr(tune_cli, "tune", lambda *a, **k: ok)
+    timed = runner.invoke(app, ["tune", "zoo:gpt_decoder-h64-s16-b1", "--backend", "cpu"], env=env)
+    assert timed.exit_code == 0 and timed.stderr.startswith("warning: the machine was busy")
+    assert runner.invoke(app, ["tune", "zoo:gpt_decoder-h64-s16-b1", "--backend", "cpu", "--cpu-threads", "1"],
+                         env=env).stderr == ""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

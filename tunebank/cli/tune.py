@@ -42,15 +42,17 @@ def print_json(value: Any) -> None:
     typer.echo(strict_json(value))
 
 
-def set_cpu_threads(threads: int, *, warn_busy: bool = True) -> None:
-    """Pin OpenMP threads of the kernel workers started from now on; unpinned, warn when the machine looks busy."""
+def pin_cpu_threads(threads: int | None) -> str:
+    """Pin OpenMP threads of the kernel workers started from now on. Unpinned on a machine that is busy before we
+    start, the warning to give once something was timed (else "")."""
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # read by the worker processes
-        return
+        return ""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if warn_busy and load > 0.75 * cores and not os.environ.get("OMP_NUM_THREADS"):
-        warn(f"the machine is busy (load {load:.1f} on {cores} cores): OpenMP timings may be noisy; "
-             "pass --cpu-threads N")
+    if threads is not None and load > 0.75 * cores and not os.environ.get("OMP_NUM_THREADS"):
+        return (f"the machine was busy (load {load:.1f} on {cores} cores): OpenMP timings may be noisy; "
+                "pass --cpu-threads N")
+    return ""
 
 
 def check_problem_sizes(graph: Graph, config: Settings) -> None:
@@ -106,8 +108,7 @@ def tune_command(
                   timeout_s=timeout, cpu_threads=threads)
         return
     cache_dir = data_folder(config, "kernels")
-    if threads is not None:
-        set_cpu_threads(threads, warn_busy=not as_json)
+    busy = pin_cpu_threads(threads)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=as_json) as bar:
         ids: dict[str, int] = {}
@@ -130,14 +131,18 @@ def tune_command(
         print_json({"subgraphs": rows, "orders": orders} if reorder else rows)
     else:
         _print_results(model, results, strategy=strategy, budget=budget, backend=backend)
-    _exit_when_nothing_measured([r.best_s for r in results], sum(r.evaluated for r in results))
+    _exit_when_nothing_measured([r.best_s for r in results], sum(r.evaluated for r in results),
+                                "" if as_json else busy)
 
 
-def _exit_when_nothing_measured(best: list[float], tried: int) -> None:
+def _exit_when_nothing_measured(best: list[float], tried: int, busy: str = "") -> None:
+    """Exit 1 when every candidate failed; else the one warning there is (nothing to tune, or a busy machine)."""
     if best and not any(math.isfinite(s) for s in best):
         fail(f"nothing could be measured: all {tried} candidates of {len(best)} subgraphs failed", code=1)
     if not best:
         warn("the model has no tunable subgraph: nothing to tune")
+    elif busy:
+        warn(busy)
 
 
 def _print_results(model: str, results: Any, *, strategy: str, budget: int, backend: str) -> None:
@@ -189,8 +194,7 @@ def _transfer(model: str, graph: Graph, config: Settings, *, backend: str, encod
               cpu_threads: int | None) -> None:
     database = open_database(config)
     cache_dir = data_folder(config, "kernels")
-    if cpu_threads is not None:
-        set_cpu_threads(cpu_threads, warn_busy=not as_json)
+    busy = pin_cpu_threads(cpu_threads)
     try:
         with Worker() as worker:
             measurer = transfer_measurer(backend, cache_dir, worker, timeout_s=timeout_s)
@@ -225,4 +229,4 @@ def _transfer(model: str, graph: Graph, config: Settings, *, backend: str, encod
         table.add_row(plain(r.name), r.kind, near, _us(r.result.default_s), _us(r.result.winner_s),
                       f"{r.result.speedup:.2f}", str(r.result.evaluations), plain(r.result.winner, 10**4))
     console.print(table)
-    _exit_when_nothing_measured([r.result.winner_s for r in results], sum(r.result.evaluations for r in results))
+    _exit_when_nothing_measured([r.result.winner_s for r in results], sum(r.result.evaluations for r in results), busy)
