@@ -144,7 +144,6 @@ class Crawl:
         self.measurer = Measurer(type(measurer.table)(self.device, self.toolchain), run=self._run,
                                  eager_time=self._eager)
         self.checkpoint = dict(progress.checkpoint)
-        self.measured = 0
 
     # measurements go to the database as they are taken
     def _run(self, task: Task, recipes: list[RecipeSteps]) -> list[RunResult]:
@@ -154,7 +153,7 @@ class Crawl:
                                  m.iqr_s if m.ok else None, m.repeats, m.ok, m.error_kind if not m.ok else None,
                                  job_id=self.progress.job_id) for r, m in zip(recipes, results, strict=True)]
         with self.database.scope() as session:
-            self.measured += ingest_measurements(session, records).inserted
+            ingest_measurements(session, records)
         return results
 
     def _eager(self, task: Task) -> float:
@@ -208,12 +207,10 @@ class Crawl:
             self.ids = {r.structural_hash: r.id for r in rows}
             self.subgraphs = {r.structural_hash: stored_subgraph(r) for r in rows}
             self._preload(session)
-        self.tasks: dict[str, Task] = {}
 
     def task(self, key: str) -> Task:
-        if key not in self.tasks:
-            self.tasks[key] = replace(make_task(self.subgraphs[key], seed=self.params.seed), key=key)
-        return self.tasks[key]
+        """A fresh task (its problem's inputs are not kept once the subgraph is done)."""
+        return replace(make_task(self.subgraphs[key], seed=self.params.seed), key=key)
 
     def tune(self) -> None:
         todo = self.checkpoint["todo"]
@@ -252,8 +249,11 @@ class Crawl:
             kind = self.subgraphs[key].kind
             sources = {h: r for h, r in best.items()
                        if h != key and self.subgraphs[h].kind == kind and (key in tuned or h in tuned)}
-            recipes = sorted(set(cross_recipes(self.task(key).program, self.params.backend, sources).values()))
-            self.measurer.measure(self.task(key), key, [parse(r) for r in recipes])
+            if not sources:
+                continue
+            task = self.task(key)
+            recipes = sorted(set(cross_recipes(task.program, self.params.backend, sources).values()))
+            self.measurer.measure(task, key, [parse(r) for r in recipes])
             applied += len(recipes)
         return applied
 
