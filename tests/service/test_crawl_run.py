@@ -17,6 +17,7 @@ from sqlalchemy import select
 from db.migrate import upgrade
 from db.models import Baseline, Demand, Device, Embedding, Job, Measurement, Recipe, Subgraph
 from db.session import Database
+from tests.db.conftest import _require_postgres, pg_schema_factory, pg_url  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("lm_head-h64-v256-t32", "cnn_head-c32-i7-b1")
@@ -132,6 +133,34 @@ def test_two_schedulers_on_one_database_never_crawl_at_once(tmp_path: Path) -> N
     assert len(crawls) == 6 and {seed for *_, seed in crawls} == {1, 2}
     for (_, finished, _), (started, _, _) in zip(crawls, crawls[1:], strict=False):
         assert finished <= started, "two crawls ran at once"
+
+
+def test_zoo_names_cover_models_then_families_at_their_sizes() -> None:
+    from embed import zoo
+    from service.crawl_run import CrawlParams, zoo_names
+
+    gcn = zoo.FAMILIES.get("gcn").members()
+    assert zoo_names(CrawlParams(models=("lm_head-h64-v256-t32", "gcn"), families=("gcn",))) == [
+        "lm_head-h64-v256-t32", "gcn"]
+    assert zoo_names(CrawlParams(families=("gcn",), sizes="2")) == gcn[:2]
+    assert zoo_names(CrawlParams(families=("gcn",), sizes="grid")) == gcn
+    assert zoo_names(CrawlParams(families=("all",))) == zoo.families()
+    with pytest.raises(ValueError, match="bad sizes"):
+        zoo_names(CrawlParams(families=("gcn",), sizes="big"))
+
+
+@pytest.mark.postgres
+def test_a_crawl_on_postgresql_stores_once_and_a_rerun_measures_nothing(request, tmp_path: Path) -> None:
+    _require_postgres()
+    url = pg_url(request.getfixturevalue("pg_schema_factory")("crawl"))
+    seed_demand(url)
+    first = child(url, tmp_path, tmp_path / "first.log")
+    second = child(url, tmp_path, tmp_path / "second.log")
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert measured(tmp_path / "first.log") and not measured(tmp_path / "second.log")
+    state = snapshot(url, tmp_path)
+    assert len(state["measurements"]) == len(set(measured(tmp_path / "first.log")))
+    assert {status for _, status in state["demand"]} == {"crawled"} and state["baselines"]
 
 
 def main(db_url: str, data_dir: str, log: str, params: str, kill: str) -> None:
