@@ -63,7 +63,8 @@ def _summary(job: Any, seconds: float) -> Table:
     toolchain = str(r.get("toolchain") or "").splitlines()[:1]
     rows = [("device", f"{r.get('device')} ({' '.join(toolchain)})"), ("models", str(r.get("models"))),
             ("subgraphs", f"{r.get('subgraphs')} ({r.get('tuned')} tuned, {r.get('skipped')} crawled before)"),
-            ("kernels measured", f"{r.get('measured')} ({r.get('measured', 0) / max(seconds, 1e-9):.2f}/s)"),
+            ("kernels measured", f"{r.get('measured')} ({r.get('measured', 0) / max(seconds, 1e-9):.2f}/s)"
+             if job.attempts == 1 else f"{r.get('measured')} (in {job.attempts} attempts)"),
             ("cross applications", str(r.get("cross_applications"))),
             *[(f"skipped {path}", why) for path, why in (r.get("refused_files") or {}).items()],
             ("learned encoder", ("promoted " + str(encoder.get("version")) if encoder.get("promote") else
@@ -83,6 +84,8 @@ def _once(executor: Executor, params: CrawlParams, *, wait: bool, as_json: bool)
                 job = crawl_once(executor, params.to_params(),
                                  listener=lambda f, m: bar.update(task, completed=f, description=m))
                 break
+            except KeyboardInterrupt:
+                fail("interrupted; what was measured is stored: run the same command again to go on", code=130)
             except CrawlBusyError as e:
                 if not wait:
                     fail(f"{e} (pass --wait to wait for it)")
