@@ -181,3 +181,23 @@ def test_a_job_published_to_a_queue_is_left_to_that_queue_s_workers(tmp_path: Pa
     done = executor(database, tmp_path).run_id(job_id)  # what its worker's task does
     assert done is not None and (done.status, "_queue" in done.result) == ("succeeded", False)
     database.dispose()
+
+
+def test_the_embedded_executor_runs_submitted_jobs_in_the_background(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'tunebank.db'}")
+    upgrade(database.engine)
+    run = executor(database, tmp_path)
+    run.start(poll_s=0.05)
+    try:
+        job_id = submit_steps(database, tmp_path / "steps.log", "bg")
+        deadline = time.monotonic() + 60
+        while True:
+            with database.scope() as session:
+                job = jobs.get_job(session, job_id)
+            if job.status == "succeeded" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        run.stop()
+    assert (job.status, job.result["pid"]) == ("succeeded", os.getpid())
+    database.dispose()
