@@ -289,20 +289,9 @@ def run_crawl(database: Database, params: CrawlParams, measurer: Measurer, *, st
     return Crawl(database, params, measurer, store=store, progress=progress).run()
 
 
-def toolchain_of(backend: str) -> str:
-    """The compiler identity recorded with measurements on ``backend`` (as ``tunebank bench`` records it)."""
-    if backend == "cpu":
-        from transforms.compilers.cpu import toolchain_id
-
-        return toolchain_id()
-    from transforms.compilers.cuda import toolchain_id as cuda_toolchain
-
-    return " ".join(t for t in (cuda_toolchain("nvrtc"), cuda_toolchain("nvcc")) if t) or "cuda"
-
-
 def crawl_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
     """The ``crawl`` job kind: a crawl on this machine's device with a live measurer."""
-    from service.devices import detect_device
+    from service.devices import detect_device, toolchain
     from service.measure import MeasurementTable, live_measurer
     from transforms.backends import resolve_backend
     from transforms.run import Worker
@@ -310,7 +299,7 @@ def crawl_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
     crawl, context = CrawlParams.from_params(params), progress.context
     crawl = replace(crawl, backend=resolve_backend(crawl.backend))  # "auto" (a submitted crawl): this machine's
     with Worker() as worker:
-        table = MeasurementTable(detect_device(crawl.backend), toolchain_of(crawl.backend))
+        table = MeasurementTable(detect_device(crawl.backend), toolchain(crawl.backend))
         measurer = live_measurer(table, backend=crawl.backend, cache_dir=context.data_dir / "kernels", worker=worker)
         return run_crawl(context.database, crawl, measurer, store=EncoderStore(context.data_dir / "encoders"),
                          progress=progress)
