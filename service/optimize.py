@@ -52,7 +52,7 @@ from embed.subgraph import Subgraph
 from service.crawl import profile_vector
 from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
 from service.measure import MeasurementTable, Measurer
-from service.model_timing import seconds_per_call
+from service.model_timing import compare
 from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
 from service.transfer import Neighbour, neighbours, transfer_from
 from transforms.plan import Plan, PlanError, Step, Target, content_hash, kernel_step
@@ -413,13 +413,15 @@ def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: Optimi
         modules = [PlanModule(way, params, cache_dir=ctx.cache_dir, device=device) for way in ways]
     except PlanError:
         return plan, None
-    report.eager_model_s = _none_if_nan(seconds_per_call(eager, inputs, calls=config.model_calls))
-    timed = [(seconds_per_call(m, inputs, calls=config.model_calls), n) for n, m in enumerate(modules)]
-    seconds, best = min((t, n) for t, n in timed if math.isfinite(t)) if any(math.isfinite(t) for t, _ in timed) \
-        else (math.nan, 0)
+    contenders: list[Callable[..., object]] = [eager, *modules]
     if ctx.backend == "cuda" and config.compare_compile:
-        report.compile_model_s = _none_if_nan(seconds_per_call(torch.compile(eager), inputs,
-                                                               calls=config.model_calls))
+        contenders.append(torch.compile(eager))
+    eager_s, *timed = compare(contenders, inputs, calls=config.model_calls)
+    if ctx.backend == "cuda" and config.compare_compile:
+        report.compile_model_s = _none_if_nan(timed.pop())
+    report.eager_model_s = _none_if_nan(eager_s)
+    finite = [(t, n) for n, t in enumerate(timed) if math.isfinite(t)]
+    seconds, best = min(finite) if finite else (math.nan, 0)
     if report.eager_model_s is not None and not seconds * (1 + config.model_margin) < report.eager_model_s:
         report.model_fallback = True
         report.model_s = report.eager_model_s  # what runs is eager itself: the graph's ops, or the user's module

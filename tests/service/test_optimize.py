@@ -137,10 +137,10 @@ def test_the_plan_is_kept_only_when_it_beats_eager_as_a_whole(ctx: Context, monk
                                                              plan_s: float, eager_s: float, fallback: bool) -> None:
     import service.optimize as optimize_module
 
-    def scripted(model: PlanModule, inputs: object, calls: int) -> float:  # whole-model times, by what runs
-        return plan_s if model.plan.kernels else eager_s
+    def scripted(models: list[PlanModule], inputs: object, calls: int) -> list[float]:  # by what runs
+        return [plan_s if model.plan.kernels else eager_s for model in models]
 
-    monkeypatch.setattr(optimize_module, "seconds_per_call", scripted)
+    monkeypatch.setattr(optimize_module, "compare", scripted)
     with Worker() as worker:
         result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=-1.0, **FAST))
     assert result.report.model_fallback is fallback
