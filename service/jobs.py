@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 JobFunction = Callable[[dict[str, Any], "JobProgress"], dict[str, Any]]
 JOB_KINDS: Registry[JobFunction] = Registry("job kind")
 JOB_KINDS.register_lazy("crawl", "service.crawl_run:crawl_job")
-# JOB_KINDS.register_lazy("optimize", "service.optimize:optimize_job")  # once optimize_job exists
+JOB_KINDS.register_lazy("optimize", "service.optimize:optimize_job")
 EXCLUSIVE = {"crawl": "crawl"}  # kind -> the lock its jobs hold while they run
 MAX_ATTEMPTS = {"crawl": 20}  # a crawl resumes where it stopped, so every attempt makes progress
 DEFAULT_MAX_ATTEMPTS = 3

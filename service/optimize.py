@@ -435,3 +435,36 @@ def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: Optimi
 
 def _none_if_nan(seconds: float) -> float | None:
     return seconds if math.isfinite(seconds) else None
+
+
+def optimize_job(params: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """The ``optimize`` job kind (``service.jobs``). ``params``: ``model`` (``zoo:NAME`` or the path of an ``.onnx``
+    or ``.json`` file the worker can read), ``backend`` (default ``auto``), ``k``, ``margin``, ``index_factory``,
+    ``index_metric``. The result: the report, and the plan file written under the data dir's ``plans/``."""
+    from db.index.vector_index import Metric
+    from embed.importers import load_model
+    from service.devices import detect_device, toolchain
+    from service.weights import encode_weights, model_weights
+    from transforms.backends import resolve_backend
+    from transforms.plan import save_plan
+
+    backend = resolve_backend(str(params.get("backend", "auto")))
+    jobs = progress.context
+    ctx = Context(jobs.database, detect_device(backend), toolchain(backend), backend, jobs.data_dir / "kernels",
+                  jobs.index_dir, IndexConfig(str(params.get("index_factory", "Flat")),
+                                              Metric(str(params.get("index_metric", "l2")))),
+                  EncoderStore(jobs.data_dir / "encoders"))
+    spec = str(params["model"])
+    graph = load_model(spec)
+    device = torch.device("cuda" if backend == "cuda" else "cpu")
+    weights = model_weights(spec, graph)
+    config = OptimizeConfig(k=int(params.get("k", 5)), margin=float(params.get("margin", 0.05)),
+                            compare_compile=False)
+    with Worker() as worker:
+        result = optimize(graph, ctx, worker=worker, config=config, name=spec,
+                          params={n: t.to(device) for n, t in weights.items()} if weights is not None else None,
+                          progress=lambda done, total, what: progress(done / max(total, 1), what))
+    path = jobs.data_dir / "plans" / f"job-{progress.job_id}.tbplan"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_plan(result.plan, path, encode_weights(result.module.params) if result.module is not None else None)
+    return {"report": result.report.to_json(), "plan": str(path)}

@@ -23,17 +23,16 @@ from db.index.vector_index import Metric
 from db.migrate import upgrade
 from db.session import Database
 from embed.importers import import_module, load_model
-from embed.ir import Graph, TensorRole, graph_from_json
+from embed.ir import Graph
 from service.embeddings import EncoderStore
 from service.optimize import Context, OptimizeConfig, Optimized, Progress
 from service.optimize import optimize as optimize_graph
+from service.weights import ModelSpec, decode_weights, encode_weights, model_weights, named_tensors
 from transforms.backends import resolve_backend
 from transforms.plan import Plan, PlanError, read_plan, save_plan
 from transforms.plan_runtime import PlanModule
 from transforms.run import Worker
 from tunebank.settings import Settings
-
-ModelSpec = str | Path | Graph | torch.nn.Module
 
 
 def context(settings: Settings | None = None, *, backend: str = "auto") -> Context:
@@ -61,42 +60,9 @@ def import_model(model: ModelSpec, example_inputs: Sequence[torch.Tensor] | None
             raise ValueError("a torch module needs example_inputs to be imported")
         return import_module(model, tuple(example_inputs))
     spec = str(model)
-    if spec.lower().endswith(".json"):
-        return graph_from_json(Path(spec).read_bytes())
     limit = {"max_bytes": max_bytes} if max_bytes is not None else {}
-    return load_model(spec if spec.startswith("zoo:") or spec.lower().endswith(".onnx") else f"zoo:{spec}", **limit)
-
-
-def model_weights(model: ModelSpec, graph: Graph) -> dict[str, torch.Tensor] | None:
-    """The model's own weights by graph name, when it has them: a module's parameters and buffers, a zoo model
-    built with seeded random weights, an ONNX file's initializers; None for an IR document."""
-    if isinstance(model, torch.nn.Module):
-        return _named_tensors(model)
-    spec = str(model) if not isinstance(model, Graph) else ""
-    if spec.lower().endswith(".onnx"):
-        return _onnx_weights(Path(spec), graph)
-    if spec and not spec.lower().endswith(".json"):
-        from embed import zoo
-
-        torch.manual_seed(0)
-        module, _ = zoo.build(spec.removeprefix("zoo:"), device="cpu")
-        return _named_tensors(module)
-    return None
-
-
-def _named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: t.detach() for n, t in [*module.named_parameters(), *module.named_buffers()]}
-
-
-def _onnx_weights(path: Path, graph: Graph) -> dict[str, torch.Tensor] | None:
-    import onnx
-    from onnx import numpy_helper
-
-    wanted = {n for n in graph.inputs if graph.tensors[n].role == TensorRole.PARAM}
-    proto = onnx.load(str(path), load_external_data=True)
-    found = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in proto.graph.initializer
-             if i.name in wanted}
-    return found if set(found) == wanted else None
+    return load_model(spec if spec.startswith("zoo:") or spec.lower().endswith((".onnx", ".json"))
+                      else f"zoo:{spec}", **limit)
 
 
 def optimize(model: ModelSpec, example_inputs: Sequence[torch.Tensor] | None = None, *, backend: str = "auto",
@@ -131,7 +97,7 @@ def compile(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], **o
     """``module`` optimized into a plan and bound to its own weights: an ``nn.Module`` with the same inputs and
     outputs (``.plan.report`` says what was chosen and the times against the module itself)."""
     result = optimize(module, example_inputs, reference=module, **options)
-    return result.module or bind(result.plan, _named_tensors(module), settings=options.get("settings"))
+    return result.module or bind(result.plan, named_tensors(module), settings=options.get("settings"))
 
 
 def bind(plan: Plan, params: dict[str, torch.Tensor], *, device: str | None = None,
@@ -143,33 +109,21 @@ def bind(plan: Plan, params: dict[str, torch.Tensor], *, device: str | None = No
 
 def save(result: Optimized | PlanModule, path: str | Path) -> Path:
     """Write the plan (with the weights it is bound to, as safetensors) to ``path``."""
-    from safetensors.torch import save as encode
-
     module = result if isinstance(result, PlanModule) else result.module
-    plan = result.plan
-    weights = None
-    if module is not None:
-        weights = encode({n: t.detach().to("cpu").contiguous() for n, t in module.params.items()})
-    return save_plan(plan, path, weights)
+    return save_plan(result.plan, path, encode_weights(module.params) if module is not None else None)
 
 
 def load(path: str | Path, *, params: dict[str, torch.Tensor] | None = None, device: str | None = None,
          settings: Settings | None = None) -> PlanModule:
     """The plan in file ``path`` as a runnable module, with its saved weights (or ``params``). Raises
     ``PlanError`` (one line) for a corrupt, tampered or foreign plan, or one for a backend this machine lacks."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load as decode
-
     plan, weights = read_plan(path)
     if params is None:
         if weights is None:
             raise PlanError(f"{Path(path).name} holds no weights; pass params={{name: tensor}}")
-        try:
-            params = decode(weights)
-        except (SafetensorError, ValueError) as e:
-            raise PlanError(f"{Path(path).name}: its weights are unreadable ({e})") from None
+        params = decode_weights(weights, Path(path).name)
     return bind(plan, params, device=device, settings=settings)
 
 
 __all__ = ["Optimized", "Plan", "PlanError", "PlanModule", "bind", "compile", "context", "import_model", "load",
-           "model_weights", "optimize", "save"]
+           "optimize", "save"]
