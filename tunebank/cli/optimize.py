@@ -20,6 +20,7 @@ from service.optimize import OptimizeReport
 from transforms.backends import BackendUnavailableError
 from transforms.plan import PlanError
 from tunebank.cli.errors import fail
+from tunebank.cli.tune import CpuThreads, pin_cpu_threads
 
 console = Console(highlight=False)
 
@@ -41,12 +42,18 @@ def optimize_command(
                                                                  "to be chosen (0.05: 5%)")] = 0.05,
     time_model: Annotated[bool, typer.Option("--time/--no-time", help="time the whole plan against eager")] = True,
     seed: Annotated[int, typer.Option(help="random seed (inputs and fill)")] = 0,
+    cpu_threads: CpuThreads = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Optimize MODEL into a plan: per distinct subgraph a stored hit, a transfer from the nearest tuned
     neighbours, or eager PyTorch when nothing beats it; then the whole model timed against eager."""
     from tunebank import api
 
+    if cpu_threads:  # the kernels' OpenMP threads, and eager PyTorch's, which it is timed against
+        import torch
+
+        torch.set_num_threads(cpu_threads)
+    busy = pin_cpu_threads(cpu_threads)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True, disable=as_json) as bar:
         task = bar.add_task("importing", total=None)
@@ -66,6 +73,8 @@ def optimize_command(
         sys.stdout.write(json.dumps(document, allow_nan=False, indent=1) + "\n")
         return
     _print(result.report)
+    if busy:
+        console.print(f"warning: {busy}")
     if saved is not None:
         console.print(f"plan: {escape(str(saved))} ({result.plan.kernels} kernels, "
                       f"{len(result.plan.steps) - result.plan.kernels} eager steps)")
