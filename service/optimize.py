@@ -54,6 +54,7 @@ from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profi
 from service.measure import MeasurementTable, Measurer
 from service.model_timing import compare
 from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
+from service.strict_json import finite
 from service.transfer import Neighbour, neighbours, transfer_from
 from transforms.plan import Plan, PlanError, Step, Target, content_hash, kernel_step
 from transforms.plan_runtime import PlanModule
@@ -143,18 +144,7 @@ class OptimizeReport:
         data["speedup"] = self.speedup
         for row, s in zip(data["subgraphs"], self.subgraphs, strict=True):
             row["speedup"] = s.speedup
-        return _finite(data)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by None (strict JSON)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+        return finite(data)
 
 
 @dataclass

@@ -1,7 +1,6 @@
 """``tunebank optimize MODEL``: a plan for the whole model (hits, transfers, eager fallbacks), its report, and with
 ``--out`` the plan file that ``tunebank.load`` runs."""
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +16,7 @@ from db.errors import DbError
 from embed.errors import EmbedError
 from embed.registry import UnknownNameError
 from service.optimize import OptimizeReport
+from service.strict_json import strict_json
 from transforms.backends import BackendUnavailableError
 from transforms.plan import PlanError
 from tunebank.cli.errors import fail
@@ -69,8 +69,7 @@ def optimize_command(
                 ValueError, OSError) as e:
             fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     if as_json:
-        document = {**result.report.to_json(), "plan": str(saved) if saved else None}
-        sys.stdout.write(json.dumps(document, allow_nan=False, indent=1) + "\n")
+        sys.stdout.write(strict_json({**result.report.to_json(), "plan": str(saved) if saved else None}) + "\n")
         return
     _print(result.report)
     if busy:
