@@ -152,6 +152,7 @@ class Optimized:
     plan: Plan
     report: OptimizeReport
     module: PlanModule | None = None  # the plan bound to the weights it was timed with
+    params: Mapping[str, torch.Tensor] | None = None  # the model's own weights, when they are known
 
 
 @dataclass
@@ -225,7 +226,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     plan = replace(plan, report=report.to_json())
     if module is not None:
         module.plan = plan
-    return Optimized(plan, report, module)
+    return Optimized(plan, report, module, params)
 
 
 def _storing_measurer(table: MeasurementTable, ctx: Context, worker: Worker, repeats: int) -> Measurer:
@@ -456,5 +457,5 @@ def optimize_job(params: dict[str, Any], progress: Any) -> dict[str, Any]:
                           progress=lambda done, total, what: progress(done / max(total, 1), what))
     path = jobs.data_dir / "plans" / f"job-{progress.job_id}.tbplan"
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_plan(result.plan, path, encode_weights(result.module.params) if result.module is not None else None)
+    save_plan(result.plan, path, encode_weights(result.params) if result.params is not None else None)
     return {"report": result.report.to_json(), "plan": str(path)}

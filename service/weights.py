@@ -4,6 +4,7 @@
     blob = encode_weights(params); params = decode_weights(blob)
 """
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -46,7 +47,7 @@ def _onnx_weights(path: Path, graph: Graph) -> dict[str, torch.Tensor] | None:
     return found if set(found) == wanted else None
 
 
-def encode_weights(params: dict[str, torch.Tensor]) -> bytes:
+def encode_weights(params: Mapping[str, torch.Tensor]) -> bytes:
     from safetensors.torch import save
 
     return save({n: t.detach().to("cpu").contiguous() for n, t in params.items()})

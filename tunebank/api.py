@@ -109,8 +109,7 @@ def bind(plan: Plan, params: dict[str, torch.Tensor], *, device: str | None = No
 
 def save(result: Optimized | PlanModule, path: str | Path) -> Path:
     """Write the plan (with the weights it is bound to, as safetensors) to ``path``."""
-    module = result if isinstance(result, PlanModule) else result.module
-    return save_plan(result.plan, path, encode_weights(module.params) if module is not None else None)
+    return save_plan(result.plan, path, encode_weights(result.params) if result.params is not None else None)
 
 
 def load(path: str | Path, *, params: dict[str, torch.Tensor] | None = None, device: str | None = None,

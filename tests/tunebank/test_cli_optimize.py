@@ -82,3 +82,22 @@ def test_a_bad_model_is_one_line_and_exit_2(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert not _measurements(tmp_path / "tunebank.db")
+
+
+def test_an_onnx_export_optimizes_into_a_plan_that_runs_with_the_files_own_weights(tmp_path: Path) -> None:
+    import torch
+
+    import tunebank
+    from tests.tunebank.test_api import Block
+    from tunebank.settings import Settings
+
+    torch.manual_seed(3)
+    module, x = Block().eval(), torch.randn(8, 32)
+    torch.onnx.export(module, (x,), str(tmp_path / "block.onnx"))  # torch 2.13: weights as external data beside it
+    plan = tmp_path / "block.tbplan"
+    subprocess.run(_cli("optimize", str(tmp_path / "block.onnx"), "--backend", "cpu", "--k", "1", "--no-time",
+                        "--margin", "0", "--out", str(plan)), cwd=ROOT, env=_env(tmp_path), capture_output=True,
+                   timeout=300, check=True)
+    loaded = tunebank.load(plan, settings=Settings(data_dir=tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), module(x), rtol=1e-4, atol=1e-5)
