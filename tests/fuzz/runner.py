@@ -1,10 +1,12 @@
-"""Run the CLI on corpus cases, each in a forked child of an interpreter that has already imported it (no start-up
-cost per case) under an address-space limit and a timeout.
+"""Run the CLI on corpus cases, each in a child forked from a clean server process that has already imported it (no
+start-up cost per case; never a fork of pytest, whose threads could leave locks held) under an address-space limit
+and a timeout.
 
     .venv/bin/python -m tests.fuzz.runner [CLASS ...]     # the whole corpus (or some classes), one line per case
 """
 
 import contextlib
+import multiprocessing
 import os
 import resource
 import signal
@@ -39,6 +41,12 @@ class Outcome:
         return f"{self.case} {self.command}: exit {self.code}, {self.seconds:.1f} s, stderr {first!r}"
 
 
+PRELOAD = ["onnx.reference", "onnx.shape_inference", "embed.importers.ir_json", "embed.importers.onnx_importer",
+           "embed.zoo", "tunebank.cli", "transforms.search.random_search", "tests.fuzz.runner"]
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload(PRELOAD)
+
+
 def preload() -> None:
     """Import what the commands import lazily, once, so that forked children do not each pay for it."""
     import onnx.reference  # noqa: F401
@@ -54,9 +62,15 @@ def preload() -> None:
         strategies.get(name)
 
 
+def _address_space() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+
 def _child(argv: list[str], env: dict[str, str], out: Path) -> None:
     os.setpgid(0, 0)
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    limit = _address_space() + MEMORY_BYTES  # 2 GB more than the forked parent already maps (pytest, torch, ...)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     os.environ.update(env)
     for fd, name in ((1, "stdout"), (2, "stderr")):
         handle = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -78,32 +92,24 @@ def _child(argv: list[str], env: dict[str, str], out: Path) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+        os._exit(code)  # type: ignore[arg-type]
 
 
 def run_cli(argv: list[str], env: dict[str, str], *, timeout_s: float = TIMEOUT_S) -> tuple[int, str, str, float]:
-    """``tunebank ARGV`` in a forked child under the caps: (exit code, stdout, stderr, seconds)."""
+    """``tunebank ARGV`` in a child under the caps: (exit code, stdout, stderr, seconds); 124 when it timed out."""
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
         out = Path(tmp)
         start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            _child(argv, env, out)
-        code = 124
-        while time.monotonic() - start < timeout_s:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                code = os.waitstatus_to_exitcode(status)
-                break
-            time.sleep(0.01)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(-pid, signal.SIGKILL)  # the child's process group: it and the tuner's worker
-            os.waitpid(pid, 0)
+        child = _context.Process(target=_child, args=(argv, env, out), daemon=False)
+        child.start()
+        child.join(timeout_s)
+        code = 124 if child.exitcode is None else child.exitcode
+        with contextlib.suppress(ProcessLookupError):  # its process group: it and the tuner's worker
+            os.killpg(child.pid, signal.SIGKILL)
+        child.join()
         seconds = time.monotonic() - start
-        with contextlib.suppress(ProcessLookupError):  # the tuner's worker, should the child have left it behind
-            os.kill(-pid, signal.SIGKILL)
-        return code, (out / "stdout").read_text(errors="replace"), (out / "stderr").read_text(errors="replace"), seconds
+        read = lambda name: (out / name).read_text(errors="replace") if (out / name).exists() else ""  # noqa: E731
+        return code, read("stdout"), read("stderr"), seconds
 
 
 def run_case(

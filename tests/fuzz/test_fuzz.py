@@ -1,5 +1,5 @@
 """The hostile corpus through ``tunebank inspect`` and ``tunebank tune --backend cpu``: every case exits 0 or 2 with
-at most one line on stderr, within 30 s and a 2 GB address space.
+at most one line on stderr, within 30 s and 2 GB of address space beyond what the forked parent maps.
 
 The default suite runs a sample of each class (the first case and two spread over the rest); ``FUZZ_FULL=1`` runs
 every case (about 300; ``python -m tests.fuzz.runner`` runs them outside pytest and prints one line each).
