@@ -94,7 +94,7 @@ MUTANTS += [
            "expired = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now)",
            "expired = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now) & False", JOBS),
     Mutant("jobs-attempts-uncapped", "max_attempts ignored", J,
-           "if row.attempts >= max_attempts:", "if row.attempts > max_attempts:", JOBS),
+           "        if row.attempts >= max_attempts:", "        if row.attempts > max_attempts:", JOBS),
     Mutant("jobs-heartbeat-any-owner", "a worker that lost its lease extends it", J,
            "update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == JobStatus.RUNNING)",
            "update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)", JOBS),
