@@ -2,7 +2,7 @@
 start-up cost per case; never a fork of pytest, whose threads could leave locks held) under an address-space limit
 and a timeout.
 
-    .venv/bin/python -m tests.fuzz.runner [CLASS ...]     # the whole corpus (or some classes), one line per case
+    .venv/bin/python -m tests.fuzz [CLASS ...]     # the whole corpus (or some classes), one line per case
 """
 
 import contextlib
@@ -140,6 +140,3 @@ def main(classes: list[str]) -> int:
     print(f"{len(failures)} failures")
     return 1 if failures else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 at most one line on stderr, within 30 s and 2 GB of address space beyond what the forked parent maps.
 
 The default suite runs a sample of each class (the first case and two spread over the rest); ``FUZZ_FULL=1`` runs
-every case (about 300; ``python -m tests.fuzz.runner`` runs them outside pytest and prints one line each).
+every case (about 300; ``python -m tests.fuzz`` runs them outside pytest and prints one line each).
 """
 
 import os
