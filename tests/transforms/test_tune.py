@@ -27,7 +27,7 @@ def test_tune_reports_each_subgraph(tmp_path: Path) -> None:
     assert [r.kind for r in results] == ["contraction", "reduction"]
     for r in results:
         assert r.evaluated == 4 and r.failed == 0 and r.space_size > 1000
-        assert math.isfinite(r.default_s) and math.isfinite(r.best_s) and r.eager_s > 0  # best <= default by construction
+        assert math.isfinite(r.default_s) and math.isfinite(r.best_s) and r.eager_s > 0
         assert r.best_recipe
     assert seen[-1] == (3, 3)
 
