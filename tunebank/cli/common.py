@@ -1,12 +1,10 @@
 """What the commands share at the edge: settings read once with one-line errors, model specs, the data folder and
 the database, each refused in one line that names the setting to fix."""
 
-import json
 import math
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -29,21 +27,6 @@ def settings() -> Settings:
         err = exc.errors()[0]
         name = "TUNEBANK_" + ".".join(str(p) for p in err["loc"]).upper()
         fail(f"{name}={str(err.get('input'))[:100]!r}: {str(err['msg']).removeprefix('Value error, ')}")
-
-
-def finite(value: Any) -> Any:
-    """``value`` with every non-finite float as None, so the JSON written is strict (no ``Infinity`` or ``NaN``)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
-def strict_json(value: Any, indent: int = 1) -> str:
-    return json.dumps(finite(value), default=lambda v: None, allow_nan=False, indent=indent)
 
 
 def model_spec(spec: str) -> str:

@@ -10,7 +10,8 @@ from rich.table import Table
 from db.errors import DbError
 from db.migrate import check_schema, current_revision, upgrade
 from db.repositories.stats import coverage
-from tunebank.cli.common import open_database, settings, strict_json
+from service.strict_json import strict_json
+from tunebank.cli.common import open_database, settings
 from tunebank.cli.errors import fail
 from tunebank.cli.text import plain, stdout_console
 

@@ -15,7 +15,8 @@ from embed.ir import Graph
 from embed.lower import lower
 from embed.partition import partition
 from embed.subgraph import Subgraph
-from tunebank.cli.common import load_graph, settings, strict_json
+from service.strict_json import strict_json
+from tunebank.cli.common import load_graph, settings
 from tunebank.cli.errors import fail
 from tunebank.cli.text import plain, printable, stdout_console
 

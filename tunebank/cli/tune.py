@@ -17,12 +17,13 @@ from embed.ir import Graph
 from embed.partition import partition
 from embed.registry import UnknownNameError
 from service.measure import MeasurementTable, Measurer
+from service.strict_json import strict_json
 from service.tune_transfer import transfer_model
 from transforms.backends import BackendUnavailableError, resolve_backend
 from transforms.run import Worker
 from transforms.search import strategies
 from transforms.tune import Task, eager_seconds, evaluator, tune
-from tunebank.cli.common import data_folder, load_graph, open_database, problem_bytes, settings, strict_json
+from tunebank.cli.common import data_folder, load_graph, open_database, problem_bytes, settings
 from tunebank.cli.errors import fail, warn
 from tunebank.cli.text import plain, printable, stdout_console
 from tunebank.settings import Settings
