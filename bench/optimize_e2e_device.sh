@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One device call of bench/optimize_e2e.py: columns $COLUMNS over $ONLY (default: every held-out model) into
+# $OUT/$NAME.json (resuming $RESUME when set), stopping by $DEADLINE seconds. The GPU machine lacks the database
+# packages, so they come as wheels in .whl (pip download --only-binary=:all: --python-version 3.12 --platform
+# manylinux2014_x86_64 --no-deps sqlalchemy alembic mako faiss-cpu pydantic pydantic-core pydantic-settings
+# python-dotenv safetensors annotated-types typing-inspection packaging), and the tunebank column's database comes as
+# out/h200.db (bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db): run with carry
+# [".whl", "bench/optimize_e2e_device.sh", "out/h200.db"].
+set -u
+mkdir -p /tmp/py && for w in .whl/*.whl; do python -m zipfile -e "$w" /tmp/py; done
+export PYTHONPATH=/tmp/py:$PWD
+cp out/h200.db /tmp/h200.db
+MODELS=$(python -c "import sys; sys.path.insert(0,'.'); from bench.e2e_models import MODELS; print(','.join(MODELS))")
+TUNEBANK_E2E_DB=/tmp/h200.db python bench/optimize_e2e.py ${RESUME:+--resume $RESUME} --out "$OUT/$NAME" \
+  --columns "$COLUMNS" --deadline "${DEADLINE:-500}" --models "${ONLY:-$MODELS}" --commit "${COMMIT:-unknown}" 2>&1 \
+  | grep -v "Warning\|warnings.warn\|capture_end" | tee "$OUT/$NAME.log" | tail -40
