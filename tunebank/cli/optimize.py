@@ -19,8 +19,9 @@ from service.optimize import OptimizeReport
 from service.strict_json import strict_json
 from transforms.backends import BackendUnavailableError
 from transforms.plan import PlanError
+from tunebank.cli.common import data_folder, load_graph, model_spec, open_database, settings
 from tunebank.cli.errors import fail
-from tunebank.cli.tune import CpuThreads, pin_cpu_threads
+from tunebank.cli.tune import CpuThreads, check_problem_sizes, pin_cpu_threads
 
 console = Console(highlight=False)
 
@@ -47,8 +48,14 @@ def optimize_command(
 ) -> None:
     """Optimize MODEL into a plan: per distinct subgraph a stored hit, a transfer from the nearest tuned
     neighbours, or eager PyTorch when nothing beats it; then the whole model timed against eager."""
+    from service.weights import model_weights
     from tunebank import api
 
+    config = settings()
+    graph = load_graph(model, config)
+    check_problem_sizes(graph, config)
+    data_folder(config, "kernels")
+    open_database(config, create=True).dispose()  # a bad URL, server or file: one line naming the setting
     if cpu_threads:  # the kernels' OpenMP threads, and eager PyTorch's, which it is timed against
         import torch
 
@@ -62,8 +69,8 @@ def optimize_command(
             bar.update(task, completed=done, total=total, description=escape(what))
 
         try:
-            result = api.optimize(model, backend=backend, k=k, margin=margin, time_model=time_model, seed=seed,
-                                  progress=progress)
+            result = api.optimize(graph, params=model_weights(model_spec(model), graph), backend=backend, k=k,
+                                  margin=margin, time_model=time_model, seed=seed, progress=progress, settings=config)
             saved = api.save(result, out) if out is not None else None
         except (EmbedError, DbError, PlanError, UnknownNameError, LookupError, BackendUnavailableError,
                 ValueError, OSError) as e:
