@@ -19,7 +19,8 @@ Validation: output buffers are filled with NaN (ints: their minimum) before the 
 is compared with its reference (in the reference's float dtype, where the output lives: on the device for cuda,
 whose worker uploads a problem's inputs and references once, or builds them there from the problem's spec, and
 gives each trial fresh device copies of the inputs) by relative error
-``max_i |out_i - ref_i| / max(|ref_i|, 1e-3 * max_j |ref_j|)``, which must not exceed the tolerance
+``max_i |out_i - ref_i| / max(|ref_i|, floor)``, the floor the larger of ``1e-3 * max_j |ref_j|`` and the output
+dtype's smallest normal (``worker.FLOOR_FRACTION``), which must not exceed the tolerance
 (:data:`TOLERANCE` by dtype unless the Problem overrides it). A non-finite output where the reference is
 finite is error kind "nan"; NaN never passes; validation covers the whole launch sequence. Timing of the
 whole sequence: ``warmup`` calls, then ``repeats`` calls timed one by one (fewer, at least 3, once they have
