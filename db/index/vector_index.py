@@ -12,6 +12,7 @@ Searches run concurrently; ``sync`` and rebuilds take the lock alone.
 
 import hashlib
 import re
+import shutil
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -127,6 +128,8 @@ class VectorIndex:
         return SearchResult([i for i, _ in hits], [d for _, d in hits], [rows[i] for i, _ in hits])
 
     def _load(self) -> OpenOutcome:
+        if _clear_non_files(self.path, self.watermark_path):
+            return OpenOutcome.CORRUPT
         if not self.path.exists() or not self.watermark_path.exists():
             return OpenOutcome.MISSING
         mark = Watermark.load(self.watermark_path)
@@ -196,6 +199,20 @@ class VectorIndex:
             sha256(data),
         )
         mark.save(self.watermark_path)
+
+
+def _clear_non_files(*paths: Path) -> bool:
+    """Remove what stands where an index file belongs but is not a regular file (a folder, a link): the index is a
+    cache of the database, rebuilt after. Whether anything was removed."""
+    cleared = False
+    for path in paths:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            cleared = True
+    return cleared
 
 
 def _subgraphs_of(session: Session, ids: list[int], kinds: set[str] | frozenset[str] | None) -> dict[int, Subgraph]:

@@ -69,7 +69,7 @@ def test_kind_filter_keeps_only_neighbours_of_those_kinds(filled, tmp_path: Path
     assert _search(index, database, query, 3, kinds={"sparse"})[0] == []
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "watermark"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "watermark", "folder", "watermark folder", "link"])
 def test_a_corrupt_file_is_rebuilt_with_identical_results(filled, tmp_path: Path, damage: str) -> None:
     database, _, _ = filled
     index = VectorIndex.open(database, KEY, tmp_path, IndexConfig())
@@ -81,12 +81,24 @@ def test_a_corrupt_file_is_rebuilt_with_identical_results(filled, tmp_path: Path
         index.path.write_bytes(bytes(data))
     elif damage == "truncate":
         index.path.write_bytes(bytes(data[: len(data) // 3]))
+    elif damage in ("folder", "watermark folder"):  # a folder where the file was: it heals, it does not fail
+        path = index.path if damage == "folder" else index.watermark_path
+        path.unlink()
+        (path / "inside").mkdir(parents=True)
+    elif damage == "link":  # a link to a file elsewhere is never read, and what it points to is kept
+        elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere.faiss"
+        elsewhere.write_bytes(bytes(data))
+        index.path.unlink()
+        index.path.symlink_to(elsewhere)
     else:
         index.watermark_path.write_text("{not json")
     reopened = VectorIndex.open(database, KEY, tmp_path, IndexConfig())
     assert reopened.outcome is OpenOutcome.CORRUPT
     assert [_search(reopened, database, q, 8) for q in queries] == before
     assert VectorIndex.open(database, KEY, tmp_path, IndexConfig()).outcome is OpenOutcome.LOADED
+    assert index.path.is_file() and not index.path.is_symlink() and index.watermark_path.is_file()
+    if damage == "link":
+        assert (tmp_path.parent / f"{tmp_path.name}-elsewhere.faiss").read_bytes() == bytes(data)
 
 
 def test_new_embeddings_are_added_incrementally(filled, tmp_path: Path, seed) -> None:
