@@ -27,11 +27,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from db.index import IndexConfig, VectorIndex
@@ -41,22 +40,20 @@ from db.repositories.embeddings import EmbeddingIn, IndexKey, add_embeddings
 from db.repositories.model_catalog import add_model
 from db.repositories.rankings import best_recipes, stored_results
 from db.session import Database
-from embed.eager import TORCH_DTYPES
 from embed.encoders import Encoder, FeatureSet
 from embed.errors import EmbedError
-from embed.inputs import random_inputs
-from embed.ir import Graph, TensorRole
+from embed.ir import Graph
 from embed.partition import partition
 from embed.profile import Baseline, DeviceSpec
 from embed.subgraph import Subgraph
 from service.crawl import profile_vector
 from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
 from service.measure import MeasurementTable, Measurer
-from service.model_timing import compare
+from service.optimize_report import OptimizeReport, SubgraphReport
 from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
-from service.strict_json import finite
 from service.transfer import Neighbour, neighbours, transfer_from
-from transforms.plan import Plan, PlanError, Step, Target, content_hash, kernel_step
+from service.whole_model import choose_runtime
+from transforms.plan import Plan, Step, Target, content_hash, kernel_step
 from transforms.plan_runtime import PlanModule
 from transforms.recipe import Recipe
 from transforms.results import RunResult
@@ -85,66 +82,6 @@ class OptimizeConfig:
     model_calls: int = 50
     model_margin: float = 0.02
     compare_compile: bool = True
-
-
-@dataclass
-class SubgraphReport:
-    """What optimize did with one distinct subgraph (times in seconds; None where there is none)."""
-
-    name: str
-    kind: str
-    structural_hash: str
-    ops: list[str]
-    occurrences: int
-    source: str  # hit | transfer | not tunable
-    reason: str | None = None
-    neighbours: list[dict[str, Any]] = field(default_factory=list)
-    candidates: list[dict[str, Any]] = field(default_factory=list)
-    choice: str = "eager"  # eager | kernel
-    recipe: str | None = None
-    kernel_s: float | None = None
-    eager_s: float | None = None
-    queued: bool = False
-
-    @property
-    def speedup(self) -> float | None:
-        """Eager time over the chosen implementation's time."""
-        if self.choice == "kernel" and self.kernel_s and self.eager_s:
-            return self.eager_s / self.kernel_s
-        return 1.0 if self.eager_s else None
-
-
-@dataclass
-class OptimizeReport:
-    model: str
-    backend: str
-    device: str
-    toolchain: str
-    subgraphs: list[SubgraphReport] = field(default_factory=list)
-    stages_s: dict[str, float] = field(default_factory=dict)
-    model_s: float | None = None  # the plan, run whole
-    eager_model_s: float | None = None  # the model run eagerly, whole
-    compile_model_s: float | None = None  # torch.compile default, whole (cuda)
-    model_fallback: bool = False  # the kernels lost as a whole: every subgraph runs eagerly
-    measured: int = 0  # kernels measured in this run
-
-    @property
-    def speedup(self) -> float | None:
-        return self.eager_model_s / self.model_s if self.model_s and self.eager_model_s else None
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for s in self.subgraphs:
-            key = s.source if s.source == "not tunable" else f"{s.source}, {s.choice}"
-            out[key] = out.get(key, 0) + 1
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["speedup"] = self.speedup
-        for row, s in zip(data["subgraphs"], self.subgraphs, strict=True):
-            row["speedup"] = s.speedup
-        return finite(data)
 
 
 @dataclass
@@ -220,7 +157,10 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     module = None
     if config.time_model:
         started = time.perf_counter()
-        plan, module = _time_model(plan, report, ctx, config, params, inputs, reference)
+        plan, module = choose_runtime(plan, report, backend=ctx.backend, cache_dir=ctx.cache_dir, params=params,
+                                      inputs=inputs, reference=reference, calls=config.model_calls,
+                                      margin=config.model_margin, compare_compile=config.compare_compile,
+                                      seed=config.seed)
         stages.add("model timing", started)
     report.stages_s = stages.seconds
     plan = replace(plan, report=report.to_json())
@@ -294,7 +234,7 @@ def _tune(subgraph: Subgraph, subgraph_id: int, row: SubgraphReport, ctx: Contex
         row.source, row.recipe, row.kernel_s = "hit", best[subgraph_id].recipe, best[subgraph_id].median_s
         row.eager_s = eager[subgraph_id]
         row.candidates = [{"recipe": row.recipe, "origin": "stored", "seconds": row.kernel_s, "error": None}]
-        _choose(row, config.margin)
+        row.choose(config.margin)
         return
     row.source = "transfer"
     measurer.table.results.setdefault(h, {}).update(stored)  # what an interrupted run measured is not run again
@@ -323,7 +263,7 @@ def _tune(subgraph: Subgraph, subgraph_id: int, row: SubgraphReport, ctx: Contex
         fastest = min(ok, key=lambda t: t.result.median_s)
         row.recipe, row.kernel_s = fastest.recipe, fastest.result.median_s
     row.eager_s = eager_s if math.isfinite(eager_s) else None
-    _choose(row, config.margin)
+    row.choose(config.margin)
     nearest = min((n.distance for n in near), default=None)
     row.queued = nearest is None or nearest > config.far_distance
     with ctx.database.scope() as session:
@@ -358,74 +298,10 @@ def _generates(subgraph: Subgraph, recipe: str, backend: str) -> bool:
     return True
 
 
-def _choose(row: SubgraphReport, margin: float) -> None:
-    """Kernel when it validated and beats eager by more than ``margin`` (or eager cannot run it), else eager."""
-    if row.kernel_s is None:
-        row.choice = "eager"
-    elif row.eager_s is None:
-        row.choice = "kernel"
-    else:
-        row.choice = "kernel" if row.kernel_s * (1 + margin) < row.eager_s else "eager"
-
-
 def _step(subgraph: Subgraph, row: SubgraphReport, backend: str) -> Step:
     if row.choice == "kernel" and row.recipe is not None:
         return kernel_step(subgraph, row.recipe, backend)
     return Step(subgraph.structural_hash, "eager")
-
-
-def random_weights(graph: Graph, device: torch.device, *, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random values for every graph input and weight, drawn as tunebank draws validation inputs."""
-    arrays = random_inputs(graph, seed=seed)
-    return {n: torch.as_tensor(np.asarray(v)).to(device, TORCH_DTYPES[graph.tensors[n].dtype])
-            for n, v in arrays.items()}
-
-
-def _time_model(plan: Plan, report: OptimizeReport, ctx: Context, config: OptimizeConfig,
-                params: Mapping[str, torch.Tensor] | None, inputs: Sequence[torch.Tensor] | None,
-                reference: Callable[..., object] | None) -> tuple[Plan, PlanModule | None]:
-    """Time ways to run the model whole and keep the fastest: the plan, on cuda with and without one CUDA graph,
-    and the all-eager plan in one CUDA graph; when none beats eager (``reference``, by default the graph run
-    eagerly), the all-eager plan without a graph, which runs ``reference`` itself. Returns the plan kept and its
-    module (None when the plan cannot run here)."""
-    graph = plan.graph
-    device = torch.device("cuda" if ctx.backend == "cuda" else "cpu")
-    drawn = random_weights(graph, device, seed=config.seed) if params is None or inputs is None else {}
-    params = params if params is not None else {n: drawn[n] for n in graph.inputs
-                                                 if graph.tensors[n].role == TensorRole.PARAM}
-    names = [n for n in graph.inputs if graph.tensors[n].role == TensorRole.INPUT]
-    inputs = list(inputs) if inputs is not None else [drawn[n] for n in names]
-    eager_plan = replace(plan.with_all_eager(), cuda_graph=False)
-    ways = [plan] if ctx.backend != "cuda" else [plan, replace(plan, cuda_graph=False)]
-    if ctx.backend == "cuda" and plan.kernels:
-        ways.append(replace(plan.with_all_eager(), cuda_graph=True))
-    try:
-        eager = reference or PlanModule(eager_plan, params, cache_dir=ctx.cache_dir, device=device)
-        modules = [PlanModule(way, params, cache_dir=ctx.cache_dir, device=device) for way in ways]
-    except PlanError:
-        return plan, None
-    contenders: list[Callable[..., object]] = [eager, *modules]
-    if ctx.backend == "cuda" and config.compare_compile:
-        contenders.append(torch.compile(eager))
-    eager_s, *timed = compare(contenders, inputs, calls=config.model_calls)
-    if ctx.backend == "cuda" and config.compare_compile:
-        report.compile_model_s = _none_if_nan(timed.pop())
-    report.eager_model_s = _none_if_nan(eager_s)
-    finite = [(t, n) for n, t in enumerate(timed) if math.isfinite(t)]
-    seconds, best = min(finite) if finite else (math.nan, 0)
-    if report.eager_model_s is not None and not seconds * (1 + config.model_margin) < report.eager_model_s:
-        report.model_fallback = True
-        report.model_s = report.eager_model_s  # what runs is eager itself: the graph's ops, or the user's module
-        fallback = eager if reference is None else PlanModule(eager_plan, params, cache_dir=ctx.cache_dir,
-                                                              device=device, eager_model=reference)
-        return eager_plan, fallback
-    report.model_s = _none_if_nan(seconds)
-    report.model_fallback = ways[best].kernels < plan.kernels
-    return ways[best], modules[best]
-
-
-def _none_if_nan(seconds: float) -> float | None:
-    return seconds if math.isfinite(seconds) else None
 
 
 def optimize_job(params: dict[str, Any], progress: Any) -> dict[str, Any]:

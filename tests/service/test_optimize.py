@@ -13,7 +13,8 @@ from db.models import Baseline, Demand, Measurement
 from db.session import Database
 from embed.importers import import_module
 from service.embeddings import EncoderStore
-from service.optimize import Context, OptimizeConfig, SubgraphReport, _choose, optimize
+from service.optimize import Context, OptimizeConfig, optimize
+from service.optimize_report import SubgraphReport
 from tests.service.conftest import DEVICE
 from transforms.compilers.cpu import toolchain_id
 from transforms.plan_runtime import PlanModule
@@ -127,7 +128,7 @@ def test_the_whole_model_is_timed_and_never_reported_slower_than_its_all_eager_f
 def test_a_kernel_is_chosen_only_when_it_beats_eager_by_the_margin(kernel_s: float | None, eager_s: float | None,
                                                                   margin: float, choice: str) -> None:
     row = SubgraphReport("s", "reduction", "h", ["softmax"], 1, "transfer", kernel_s=kernel_s, eager_s=eager_s)
-    _choose(row, margin)
+    row.choose(margin)
     assert row.choice == choice
 
 
@@ -135,12 +136,12 @@ def test_a_kernel_is_chosen_only_when_it_beats_eager_by_the_margin(kernel_s: flo
                                                              (1.97, 2.0, True), (1.95, 2.0, False)])
 def test_the_plan_is_kept_only_when_it_beats_eager_as_a_whole(ctx: Context, monkeypatch: pytest.MonkeyPatch,
                                                              plan_s: float, eager_s: float, fallback: bool) -> None:
-    import service.optimize as optimize_module
+    import service.whole_model as whole_model
 
     def scripted(models: list[PlanModule], inputs: object, calls: int) -> list[float]:  # by what runs
         return [plan_s if model.plan.kernels else eager_s for model in models]
 
-    monkeypatch.setattr(optimize_module, "compare", scripted)
+    monkeypatch.setattr(whole_model, "compare", scripted)
     with Worker() as worker:
         result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=-1.0, **FAST))
     assert result.report.model_fallback is fallback
