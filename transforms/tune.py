@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -180,6 +181,23 @@ def tasks_of(target: Graph | Subgraph | Sequence[Subgraph], *, seed: int = 0) ->
 Progress = Callable[[Task, int, int], None]  # (task, evaluated so far, budget)
 
 
+class Recorder(Protocol):
+    """Where ``tune`` reports what it measures, as it measures it (e.g. into the database)."""
+
+    def measured(self, task: Task, recipes: Sequence[Recipe], results: Sequence[RunResult]) -> None: ...
+
+    def baseline(self, task: Task, default_s: float, eager_s: float) -> None: ...
+
+
+def _recorded(evaluate: Evaluate, task: Task, recorder: Recorder) -> Evaluate:
+    def evaluate_and_record(recipes: list[Recipe]) -> list[RunResult]:
+        results = evaluate(recipes)
+        recorder.measured(task, recipes, results)
+        return results
+
+    return evaluate_and_record
+
+
 def tune(
     target: Graph | Subgraph | Sequence[Subgraph],
     *,
@@ -192,13 +210,15 @@ def tune(
     progress: Progress | None = None,
     reorder: bool = False,
     timeout_s: float = 30.0,
+    recorder: Recorder | None = None,
 ) -> TuneResults:
     """Tune every distinct tunable subgraph of ``target``: the default recipe first, then ``budget`` recipes
     proposed by ``strategy`` (exhaustive | random | evolutionary) in batches.
 
     With ``reorder`` (a model graph only), the subgraphs of every order of its sparse-dense chains
     (``transforms.reorder.chain_orders``) are tuned too, and ``orders`` compares the orders of each chain.
-    ``timeout_s`` bounds each candidate's validation and timing in the worker."""
+    ``timeout_s`` bounds each candidate's validation and timing in the worker. ``recorder`` is told every batch of
+    measurements as it is taken, and each subgraph's default and eager times."""
     graphs = chain_orders(target) if reorder and isinstance(target, Graph) else []
     parts = [partition(g) for g in graphs]
     results = TuneResults()
@@ -208,6 +228,8 @@ def tune(
             space = RecipeSpace(task.program, backend)
             evaluate_recipes = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
                                          timeout_s=timeout_s)
+            if recorder is not None:
+                evaluate_recipes = _recorded(evaluate_recipes, task, recorder)
             default = default_recipe(task.program, backend)
             (first,) = evaluate_recipes([default])
             search_strategy = create(strategy, space, budget=budget, seed=seed)
@@ -222,8 +244,11 @@ def tune(
 
             best = search(search_strategy, measured)
             history = search_strategy.history
+            eager_s = eager_seconds(task, backend=backend)
+            if recorder is not None:
+                recorder.baseline(task, first.score, eager_s)
             results.append(TuneResult(
-                name=task.name, kind=task.kind, space_size=space.size(), eager_s=eager_seconds(task, backend=backend),
+                name=task.name, kind=task.kind, space_size=space.size(), eager_s=eager_s,
                 default_recipe=str(default), default_s=first.score,
                 best_recipe=str(best[0]) if best else None, best_s=best[1].score if best else math.inf,
                 evaluated=len(history), failed=sum(not r.ok for _, r in history),

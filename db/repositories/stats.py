@@ -5,7 +5,20 @@ from dataclasses import dataclass
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
-from db.models import ApiKey, Base, Device, Embedding, Job, Measurement, Model, ModelSubgraph, Recipe, Subgraph
+from db.models import (
+    ApiKey,
+    Base,
+    Baseline,
+    Demand,
+    Device,
+    Embedding,
+    Job,
+    Measurement,
+    Model,
+    ModelSubgraph,
+    Recipe,
+    Subgraph,
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +46,8 @@ class Coverage:
     kinds: list[KindCoverage]
 
 
-TABLES: tuple[type[Base], ...] = (Device, Model, Subgraph, ModelSubgraph, Recipe, Measurement, Embedding, Job, ApiKey)
+TABLES: tuple[type[Base], ...] = (Device, Model, Subgraph, ModelSubgraph, Recipe, Measurement, Baseline, Embedding,
+                                  Demand, Job, ApiKey)
 
 
 def coverage(session: Session) -> Coverage:

@@ -26,7 +26,7 @@ def test_coverage_counts_tables_devices_and_kinds(database: Database, seed) -> N
         stats = coverage(session)
     assert stats.tables == {
         "devices": 2, "models": 1, "subgraphs": 4, "model_subgraphs": 3, "recipes": 2, "measurements": 4,
-        "embeddings": 1, "jobs": 0, "api_keys": 0,
+        "embeddings": 1, "jobs": 0, "api_keys": 0, "baselines": 0, "demand": 0,
     }  # fmt: skip
     assert stats.devices == [
         DeviceCoverage("a100", "cuda:sm_90", 1, 1, 1, 0),

@@ -12,14 +12,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from db.errors import DbError
+from db.session import Database
 from embed.errors import EmbedError
 from embed.ir import Graph
 from embed.partition import partition
 from embed.registry import UnknownNameError
 from service.measure import MeasurementTable, Measurer
 from service.strict_json import strict_json
+from service.tune_store import TuneStore
 from service.tune_transfer import transfer_model
 from transforms.backends import BackendUnavailableError, resolve_backend
+from transforms.reorder import chain_orders
 from transforms.run import Worker
 from transforms.search import strategies
 from transforms.tune import Task, eager_seconds, evaluator, tune
@@ -89,6 +92,8 @@ def tune_command(
     encoder: Annotated[str, typer.Option(help="transfer: static | static+profiled | learned")] = "static",
     cpu_threads: CpuThreads = 0,
     timeout: Timeout = 30.0,
+    store: Annotated[bool, typer.Option("--store/--no-store", help="keep what is measured in the database (as a "
+                                                                   "crawl would: optimize then hits it)")] = True,
 ) -> None:
     """Tune every distinct subgraph of MODEL: default recipe, best recipe found, speedups.
 
@@ -110,6 +115,7 @@ def tune_command(
         return
     cache_dir = data_folder(config, "kernels")
     busy = pin_cpu_threads(threads)
+    database, recorder = _store(config, graph, backend, reorder) if store else (None, None)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=as_json) as bar:
         ids: dict[str, int] = {}
@@ -121,19 +127,42 @@ def tune_command(
 
         try:
             results = tune(graph, strategy=strategy, backend=backend, budget=budget, cache_dir=cache_dir, seed=seed,
-                           progress=progress, reorder=reorder, timeout_s=timeout)
+                           progress=progress, reorder=reorder, timeout_s=timeout, recorder=recorder)
         except (EmbedError, UnknownNameError, ValueError) as e:
             fail(str(e).splitlines()[0])
         except MemoryError:
             fail(f"out of memory tuning {model!r}: lower TUNEBANK_MAX_PROBLEM_BYTES or tune a smaller model")
+    if database is not None:
+        database.dispose()
     if as_json:
         rows = [{**r.__dict__, "speedup": r.speedup, "speedup_vs_eager": r.speedup_vs_eager} for r in results]
         orders = [{**o.__dict__, "winner": o.winner} for o in results.orders]
         print_json({"subgraphs": rows, "orders": orders} if reorder else rows)
     else:
         _print_results(model, results, strategy=strategy, budget=budget, backend=backend)
+        if recorder is not None:
+            where = "TUNEBANK_DATABASE_URL" if config.database_url else str(config.data_dir / "tunebank.db")
+            console.print(plain(f"stored {recorder.stored} new measurements in {where} (--no-store: keep none)"))
     _exit_when_nothing_measured([r.best_s for r in results], sum(r.evaluated for r in results),
                                 "" if as_json else busy)
+
+
+def _store(config: Settings, graph: Graph, backend: str, reorder: bool) -> tuple[Database, TuneStore]:
+    """The settings' database (created or upgraded: tune writes) and a recorder storing into it."""
+    from db.migrate import upgrade
+    from service.devices import detect_device, toolchain
+
+    database = open_database(config, create=True)
+    try:
+        upgrade(database.engine)
+    except Exception as e:  # noqa: BLE001 (a database it cannot migrate: one line)
+        fail(f"cannot prepare the database for storing: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+             "(pass --no-store to tune without it)")
+    try:
+        subgraphs = [s for g in (chain_orders(graph) if reorder else [graph]) for s in partition(g)]
+        return database, TuneStore(database, detect_device(backend), toolchain(backend), subgraphs)
+    except EmbedError as e:  # a subgraph that cannot be lowered (its features are stored with it)
+        fail(str(e).splitlines()[0])
 
 
 def _exit_when_nothing_measured(best: list[float], tried: int, busy: str = "") -> None:
