@@ -121,13 +121,19 @@ class Measurer:
         return math.nan if value is None else value
 
 
+Record = Callable[[Task, list[Recipe], list[RunResult]], None]
+
+
 def live_measurer(table: MeasurementTable, *, backend: str, cache_dir: Path, worker: Worker,
-                  repeats: int = 10, checkpoint: Checkpoint | None = None) -> Measurer:
+                  repeats: int = 10, checkpoint: Checkpoint | None = None, record: Record | None = None) -> Measurer:
     """A measurer that builds, validates and times kernels on ``backend`` (and eager PyTorch) when ``table``
-    lacks them."""
+    lacks them; ``record`` is told each batch of results as soon as it is measured (e.g. to store it)."""
 
     def run(task: Task, recipes: list[Recipe]) -> list[RunResult]:
-        return evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats)(recipes)
+        results = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats)(recipes)
+        if record is not None:
+            record(task, recipes, results)
+        return results
 
     return Measurer(table, run=run, eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=backend),
                     checkpoint=checkpoint)

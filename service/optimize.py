@@ -35,7 +35,7 @@ import torch
 
 from db.index import IndexConfig, VectorIndex
 from db.migrate import check_schema
-from db.repositories.baselines import eager_times, request_crawl, set_eager_time
+from db.repositories.baselines import eager_times, request_crawl
 from db.repositories.embeddings import EmbeddingIn, IndexKey, add_embeddings
 from db.repositories.model_catalog import add_model
 from db.repositories.rankings import best_recipes, stored_results
@@ -44,22 +44,21 @@ from embed.encoders import Encoder, FeatureSet
 from embed.errors import EmbedError
 from embed.ir import Graph
 from embed.partition import partition
-from embed.profile import Baseline, DeviceSpec
+from embed.profile import DeviceSpec
 from embed.subgraph import Subgraph
 from service.crawl import profile_vector
 from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
-from service.measure import MeasurementTable, Measurer
+from service.measure import MeasurementTable, Measurer, live_measurer
+from service.measurement_store import MeasurementStore
 from service.optimize_report import OptimizeReport, SubgraphReport
-from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
+from service.store import static_vector
 from service.transfer import Neighbour, neighbours, transfer_from
 from service.whole_model import choose_runtime
 from transforms.plan import Plan, Step, Target, content_hash, kernel_step
 from transforms.plan_runtime import PlanModule
-from transforms.recipe import Recipe
-from transforms.results import RunResult
 from transforms.run import Worker
 from transforms.schedule import ScheduleError
-from transforms.tune import Task, eager_seconds, evaluator, make_task
+from transforms.tune import Task, make_task
 
 ENCODER_PREFERENCE = ("learned", "static+profiled", "static")
 Progress = Callable[[int, int, str], None]  # (subgraphs done, distinct subgraphs, what is running)
@@ -126,16 +125,15 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     started = time.perf_counter()
     subgraphs = partition(graph)
     distinct = {s.structural_hash: s for s in subgraphs}
+    store = MeasurementStore(ctx.database, ctx.device, ctx.toolchain, list(distinct.values()))
     with ctx.database.scope() as session:
-        device_id = register_device(session, ctx.device)
-        ids = add_subgraphs(session, [s for s in distinct.values() if s.tunable])
         add_model(session, name=(name or graph.name)[:200], content_hash=content_hash(graph),
                   subgraph_hashes=[s.structural_hash for s in subgraphs if s.tunable])
     stages.add("partition", started)
     report = OptimizeReport(name or graph.name, ctx.backend, ctx.device.name, ctx.toolchain)
-    table = MeasurementTable(ctx.device, ctx.toolchain)
-    measurer = _storing_measurer(table, ctx, worker, config.repeats)
-    search = _Search(ctx, device_id, stages)
+    measurer = live_measurer(MeasurementTable(ctx.device, ctx.toolchain), backend=ctx.backend,
+                             cache_dir=ctx.cache_dir, worker=worker, repeats=config.repeats, record=store.measured)
+    search = _Search(ctx, store.device_id, stages)
     count = {h: sum(s.structural_hash == h for s in subgraphs) for h in distinct}
     for n, (h, subgraph) in enumerate(distinct.items()):
         if progress:
@@ -143,7 +141,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
         row = SubgraphReport(f"{graph.name} #{n} ({'+'.join(subgraph.ops)[:60]})", subgraph.kind.value, h,
                              subgraph.ops, count[h], "not tunable", subgraph.not_tunable_reason)
         if subgraph.tunable:
-            _tune(subgraph, ids[h], row, ctx, measurer, search, config, device_id, stages)
+            _tune(subgraph, row, ctx, store, measurer, search, config, stages)
         report.subgraphs.append(row)
     if progress:
         progress(len(distinct), len(distinct), "plan")
@@ -167,20 +165,6 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     if module is not None:
         module.plan = plan
     return Optimized(plan, report, module, params)
-
-
-def _storing_measurer(table: MeasurementTable, ctx: Context, worker: Worker, repeats: int) -> Measurer:
-    """A live measurer that stores every batch of measurements in the database as soon as it is taken."""
-
-    def run(task: Task, recipes: list[Recipe]) -> list[RunResult]:
-        results = evaluator(task, backend=ctx.backend, cache_dir=ctx.cache_dir, worker=worker,
-                            repeats=repeats)(recipes)
-        with ctx.database.scope() as session:
-            add_measurements(session, ctx.device, ctx.toolchain, task.key,
-                             [(str(r), m) for r, m in zip(recipes, results, strict=True)])
-        return results
-
-    return Measurer(table, run=run, eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=ctx.backend))
 
 
 class _Search:
@@ -221,9 +205,10 @@ def _promoted_encoder(ctx: Context, device_id: int) -> Encoder | None:
     return fitted
 
 
-def _tune(subgraph: Subgraph, subgraph_id: int, row: SubgraphReport, ctx: Context, measurer: Measurer,
-          search: _Search, config: OptimizeConfig, device_id: int, stages: _Stages) -> None:
+def _tune(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: MeasurementStore, measurer: Measurer,
+          search: _Search, config: OptimizeConfig, stages: _Stages) -> None:
     h = subgraph.structural_hash
+    subgraph_id, device_id = store.ids[h], store.device_id
     started = time.perf_counter()
     with ctx.database.scope() as session:
         best = best_recipes(session, device_id=device_id, subgraph_ids=[subgraph_id], toolchain=ctx.toolchain)
@@ -266,15 +251,11 @@ def _tune(subgraph: Subgraph, subgraph_id: int, row: SubgraphReport, ctx: Contex
     row.choose(config.margin)
     nearest = min((n.distance for n in near), default=None)
     row.queued = nearest is None or nearest > config.far_distance
+    store.baseline(task, result.default_s, eager_s)
     with ctx.database.scope() as session:
-        set_eager_time(session, subgraph_id=subgraph_id, device_id=device_id, toolchain=ctx.toolchain,
-                       eager_s=row.eager_s)
-        if math.isfinite(result.default_s):
-            base = Baseline(result.default_s, eager_s)
-            add_profiles(session, device_id, {subgraph_id: profile_vector(task, subgraph, base, ctx.device)})
-            if search.encoder is not None and vector is not None:
-                add_embeddings(session, [EmbeddingIn(subgraph_id, device_id, search.encoder.name,
-                                                     search.encoder.version, vector)])
+        if math.isfinite(result.default_s) and search.encoder is not None and vector is not None:
+            add_embeddings(session, [EmbeddingIn(subgraph_id, device_id, search.encoder.name,
+                                                 search.encoder.version, vector)])
         if row.queued:
             request_crawl(session, subgraph_id=subgraph_id, device_id=device_id, distance=nearest)
 

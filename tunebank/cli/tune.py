@@ -18,8 +18,8 @@ from embed.ir import Graph
 from embed.partition import partition
 from embed.registry import UnknownNameError
 from service.measure import MeasurementTable, Measurer
+from service.measurement_store import MeasurementStore
 from service.strict_json import strict_json
-from service.tune_store import TuneStore
 from service.tune_transfer import transfer_model
 from transforms.backends import BackendUnavailableError, resolve_backend
 from transforms.reorder import chain_orders
@@ -147,7 +147,7 @@ def tune_command(
                                 "" if as_json else busy)
 
 
-def _store(config: Settings, graph: Graph, backend: str, reorder: bool) -> tuple[Database, TuneStore]:
+def _store(config: Settings, graph: Graph, backend: str, reorder: bool) -> tuple[Database, MeasurementStore]:
     """The settings' database (created or upgraded: tune writes) and a recorder storing into it."""
     from db.migrate import upgrade
     from service.devices import detect_device, toolchain
@@ -160,7 +160,7 @@ def _store(config: Settings, graph: Graph, backend: str, reorder: bool) -> tuple
              "(pass --no-store to tune without it)")
     try:
         subgraphs = [s for g in (chain_orders(graph) if reorder else [graph]) for s in partition(g)]
-        return database, TuneStore(database, detect_device(backend), toolchain(backend), subgraphs)
+        return database, MeasurementStore(database, detect_device(backend), toolchain(backend), subgraphs)
     except EmbedError as e:  # a subgraph that cannot be lowered (its features are stored with it)
         fail(str(e).splitlines()[0])
 

@@ -1,6 +1,7 @@
-"""What ``tunebank tune`` measures, stored as it is measured (``transforms.tune.Recorder``): every recipe's result,
-and each subgraph's eager time and baseline profile, keyed by device and toolchain like a crawl's. A later
-``optimize`` of the same subgraphs is a hit, and the crawler skips them."""
+"""Measurements stored as they are taken, by ``tune`` (a ``transforms.tune.Recorder``) and ``optimize`` (through
+``live_measurer``'s ``record``): every recipe's result, and each subgraph's eager time and baseline profile, keyed by
+device and toolchain like a crawl's. A later ``optimize`` of the same subgraphs is a hit, and the crawler skips
+them."""
 
 import math
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from transforms.results import RunResult
 from transforms.tune import Task
 
 
-class TuneStore:
+class MeasurementStore:
     """A ``Recorder`` over ``database`` for ``subgraphs`` (registered with the device on creation)."""
 
     def __init__(self, database: Database, device: DeviceSpec, toolchain: str, subgraphs: Sequence[Subgraph]) -> None:
