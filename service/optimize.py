@@ -134,6 +134,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     measurer = live_measurer(MeasurementTable(ctx.device, ctx.toolchain), backend=ctx.backend,
                              cache_dir=ctx.cache_dir, worker=worker, repeats=config.repeats, record=store.measured)
     search = _Search(ctx, store.device_id, stages)
+    kernels = _Kernels(ctx.backend)
     count = {h: sum(s.structural_hash == h for s in subgraphs) for h in distinct}
     for n, (h, subgraph) in enumerate(distinct.items()):
         if progress:
@@ -141,14 +142,14 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
         row = SubgraphReport(f"{graph.name} #{n} ({'+'.join(subgraph.ops)[:60]})", subgraph.kind.value, h,
                              subgraph.ops, count[h], "not tunable", subgraph.not_tunable_reason)
         if subgraph.tunable:
-            _tune(subgraph, row, ctx, store, measurer, search, config, stages)
+            _tune(subgraph, row, ctx, store, measurer, search, kernels, config, stages)
         report.subgraphs.append(row)
     if progress:
         progress(len(distinct), len(distinct), "plan")
     report.measured = measurer.evaluations
     started = time.perf_counter()
     chosen = {r.structural_hash: r for r in report.subgraphs}
-    steps = tuple(_step(s, chosen[s.structural_hash], ctx.backend) for s in subgraphs)
+    steps = tuple(kernels.plan_step(s, chosen[s.structural_hash]) for s in subgraphs)
     target = Target(ctx.backend, ctx.device.name, ctx.device.device_class, ctx.device.arch, ctx.toolchain)
     plan = Plan(graph, steps, target)
     stages.add("plan", started)
@@ -165,6 +166,29 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     if module is not None:
         module.plan = plan
     return Optimized(plan, report, module, params)
+
+
+class _Kernels:
+    """Kernel steps generated once per (subgraph, recipe): a hit checks that its stored recipe still generates a
+    kernel here (stored by an older tunebank, it may not), and the plan uses that step for every occurrence."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.made: dict[tuple[str, str], Step | None] = {}
+
+    def step(self, subgraph: Subgraph, recipe: str) -> Step | None:
+        key = (subgraph.structural_hash, recipe)
+        if key not in self.made:
+            try:
+                self.made[key] = kernel_step(subgraph, recipe, self.backend)
+            except (ScheduleError, EmbedError, ValueError):
+                self.made[key] = None
+        return self.made[key]
+
+    def plan_step(self, subgraph: Subgraph, row: SubgraphReport) -> Step:
+        """The kernel ``row`` chose, or the eager step."""
+        chosen = self.step(subgraph, row.recipe) if row.choice == "kernel" and row.recipe is not None else None
+        return chosen or Step(subgraph.structural_hash, "eager")
 
 
 class _Search:
@@ -206,7 +230,7 @@ def _promoted_encoder(ctx: Context, device_id: int) -> Encoder | None:
 
 
 def _tune(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: MeasurementStore, measurer: Measurer,
-          search: _Search, config: OptimizeConfig, stages: _Stages) -> None:
+          search: _Search, kernels: _Kernels, config: OptimizeConfig, stages: _Stages) -> None:
     h = subgraph.structural_hash
     subgraph_id, device_id = store.ids[h], store.device_id
     started = time.perf_counter()
@@ -215,7 +239,7 @@ def _tune(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: Measurem
         eager = eager_times(session, device_id=device_id, toolchain=ctx.toolchain, subgraph_ids=[subgraph_id])
         stored = stored_results(session, subgraph_id=subgraph_id, device_id=device_id, toolchain=ctx.toolchain)
     stages.add("lookup", started)
-    if subgraph_id in best and subgraph_id in eager and _generates(subgraph, best[subgraph_id].recipe, ctx.backend):
+    if subgraph_id in best and subgraph_id in eager and kernels.step(subgraph, best[subgraph_id].recipe):
         row.source, row.recipe, row.kernel_s = "hit", best[subgraph_id].recipe, best[subgraph_id].median_s
         row.eager_s = eager[subgraph_id]
         row.candidates = [{"recipe": row.recipe, "origin": "stored", "seconds": row.kernel_s, "error": None}]
@@ -268,21 +292,6 @@ def _features(encoder: Encoder, task: Task, subgraph: Subgraph, measurer: Measur
 
     base = baseline(task, subgraph.structural_hash, measurer, ctx.backend)
     return FeatureSet(static, profile_vector(task, subgraph, base, ctx.device)[None, :])
-
-
-def _generates(subgraph: Subgraph, recipe: str, backend: str) -> bool:
-    """Whether ``recipe`` still generates a kernel for ``subgraph`` here (stored by an older tunebank, it may not)."""
-    try:
-        kernel_step(subgraph, recipe, backend)
-    except (ScheduleError, EmbedError, ValueError):
-        return False
-    return True
-
-
-def _step(subgraph: Subgraph, row: SubgraphReport, backend: str) -> Step:
-    if row.choice == "kernel" and row.recipe is not None:
-        return kernel_step(subgraph, row.recipe, backend)
-    return Step(subgraph.structural_hash, "eager")
 
 
 def optimize_job(params: dict[str, Any], progress: Any) -> dict[str, Any]:
