@@ -33,11 +33,11 @@ from transforms.codegen import Kernel
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import signature
 from transforms.plan import Plan, PlanError, verify
-from transforms.run import Buffer, Launch
+from transforms.run import Buffer
+from transforms.worker import c_scalar, cpu_functions, cuda_functions
 
 Env = dict[str, torch.Tensor]
 StepFn = Callable[[Env], None]
-_CTYPES = {"float64": ctypes.c_double, "float32": ctypes.c_float, "int64": ctypes.c_int64, "int32": ctypes.c_int32}
 _SCRATCH = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -88,20 +88,13 @@ class _Arguments:
 
 
 def _cpu_step(kernel: Kernel, artifact: str, arguments: _Arguments, device: torch.device) -> StepFn:
-    from transforms.compilers import cpu
-
-    library = cpu.load(artifact)
-    functions = []
-    for launch in kernel.launches:
-        function = getattr(library, launch.entry)
-        function.restype = None
-        functions.append((function, launch))
+    calls = list(zip(cpu_functions(artifact, kernel.launches), kernel.launches, strict=True))
 
     def run(env: Env) -> None:
         tensors = arguments.bind(env, device)
-        for function, launch in functions:
-            function(*(ctypes.c_void_p(tensors[a.name].data_ptr()) if isinstance(a, Buffer)
-                       else _CTYPES[a.dtype](a.value) for a in launch.args))
+        for function, launch in calls:
+            function(*(ctypes.c_void_p(tensors[a.name].data_ptr()) if isinstance(a, Buffer) else c_scalar(a)
+                       for a in launch.args))
 
     return run
 
@@ -118,17 +111,7 @@ def _cuda_step(kernel: Kernel, artifact: str, arguments: _Arguments, device: tor
     import cupy
     import numpy as np
 
-    from transforms import vendor_blas
-    from transforms.compilers import cuda
-
-    library = {"cublas_gemm": vendor_blas.cublas_gemm, "cublaslt_matmul": vendor_blas.cublaslt_matmul}
-    module = cuda.load(artifact)
-    calls: list[tuple[Any, Launch]] = []
-    for launch in kernel.launches:
-        function = library[launch.library](launch) if launch.library else module.get_function(launch.entry)
-        if launch.shared_bytes > 48 * 1024 and not launch.library:
-            function.max_dynamic_shared_size_bytes = launch.shared_bytes
-        calls.append((function, launch))
+    calls = list(zip(cuda_functions(artifact, kernel.launches), kernel.launches, strict=True))
 
     def run(env: Env) -> None:
         tensors = arguments.bind(env, device)

@@ -18,7 +18,7 @@ import numpy as np
 from transforms import vendor_blas
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
-from transforms.run import STORAGE, Buffer, Launch, buffers_of, poison, poisoned, to_float, to_storage
+from transforms.run import STORAGE, Buffer, Launch, Scalar, buffers_of, poison, poisoned, to_float, to_storage
 
 Call = Callable[[], None]
 Fetch = Callable[[], dict[str, Any]]  # the buffers, in the backend's memory
@@ -164,13 +164,10 @@ class CpuBackend:
         return problem.reference[name]
 
     def bind(self, artifact: str, launches: Sequence[Launch], arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
-        library = cpu.load(artifact)
         calls = []
-        for launch in launches:
-            function = getattr(library, launch.entry)
-            function.restype = None
-            args = [ctypes.c_void_p(arrays[a.name].ctypes.data) if isinstance(a, Buffer)
-                    else _CTYPES[a.dtype](a.value) for a in launch.args]
+        for function, launch in zip(cpu_functions(artifact, launches), launches, strict=True):
+            args = [ctypes.c_void_p(arrays[a.name].ctypes.data) if isinstance(a, Buffer) else c_scalar(a)
+                    for a in launch.args]
             calls.append((function, args))
 
         def call() -> None:
@@ -220,12 +217,7 @@ class CudaBackend:
 
     def bind(self, artifact: str, launches: Sequence[Launch], arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
         cp = self.cupy
-        module = cuda.load(artifact)
-        functions = [_LIBRARY[launch.library](launch) if launch.library else module.get_function(launch.entry)
-                     for launch in launches]
-        for function, launch in zip(functions, launches, strict=True):
-            if launch.shared_bytes > DEFAULT_SHARED_LIMIT and not launch.library:
-                function.max_dynamic_shared_size_bytes = launch.shared_bytes
+        functions = cuda_functions(artifact, launches)
         first = {name: cp.asarray(array) for name, array in arrays.items()}
         cp.cuda.Device().synchronize()  # the uploads ran on the default stream; the kernels run on another
         self.set_bytes = sum(a.nbytes for a in arrays.values())
@@ -276,6 +268,32 @@ class CudaBackend:
 
 _LIBRARY: dict[str, Callable[[Launch], Callable[..., None]]] = {"cublas_gemm": vendor_blas.cublas_gemm,
                                                                "cublaslt_matmul": vendor_blas.cublaslt_matmul}
+
+
+def c_scalar(arg: Scalar) -> Any:
+    """A scalar argument as the ctypes value a cpu kernel takes."""
+    return _CTYPES[arg.dtype](arg.value)
+
+
+def cpu_functions(artifact: str, launches: Sequence[Launch]) -> list[Any]:
+    """Each launch's entry in the shared library at ``artifact`` (ctypes functions returning nothing)."""
+    library = cpu.load(artifact)
+    functions = [getattr(library, launch.entry) for launch in launches]
+    for function in functions:
+        function.restype = None
+    return functions
+
+
+def cuda_functions(artifact: str, launches: Sequence[Launch]) -> list[Any]:
+    """What each launch calls: its kernel in the module at ``artifact`` (with the dynamic shared memory limit raised
+    where it needs more than the default), or the vendor library routine it names."""
+    module = cuda.load(artifact)
+    functions = [_LIBRARY[launch.library](launch) if launch.library else module.get_function(launch.entry)
+                 for launch in launches]
+    for function, launch in zip(functions, launches, strict=True):
+        if launch.shared_bytes > DEFAULT_SHARED_LIMIT and not launch.library:
+            function.max_dynamic_shared_size_bytes = launch.shared_bytes
+    return functions
 _BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBackend, "cuda": CudaBackend}
 
 
