@@ -3,6 +3,7 @@ and plan files that are truncated, tampered or foreign."""
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import warnings
@@ -141,3 +142,5 @@ def test_torch_compile_backend_is_registered_and_matches_eager(data_dir: Path, m
         expected = module(x)
     assert not [w for w in caught if "runs in eager PyTorch" in str(w.message)], "the graph fell back to eager"
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    with sqlite3.connect(data_dir / "tunebank.db") as conn:  # the captured graph was optimized, not passed through
+        assert conn.execute("SELECT count(*) FROM models WHERE name LIKE 'GraphModule%'").fetchone()[0] >= 1
