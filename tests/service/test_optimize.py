@@ -1,6 +1,7 @@
 """optimize on the cpu backend, with real kernels: hits, transfers, eager fallbacks and untunable ops in one report;
 a second run that measures nothing; plans that compute what eager computes."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,20 @@ def test_the_plan_is_kept_only_when_it_beats_eager_as_a_whole(ctx: Context, monk
     assert (result.plan.kernels == 0) is fallback and (result.module.plan.kernels == 0) is fallback
     assert result.report.model_s == (eager_s if fallback else plan_s)
     assert result.report.eager_model_s == eager_s
+
+
+def test_a_plan_that_wins_once_and_loses_the_second_timing_is_not_kept(ctx: Context,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.whole_model as whole_model
+
+    rounds = itertools.count()
+
+    def noisy(models: list[PlanModule], inputs: object, calls: int) -> list[float]:  # eager drawn slow once
+        plan_s = 1.0 if next(rounds) == 0 else 2.0
+        return [plan_s if model.plan.kernels else 2.0 for model in models]
+
+    monkeypatch.setattr(whole_model, "compare", noisy)
+    with Worker() as worker:
+        result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=-1.0, **FAST))
+    assert next(rounds) == 2  # timed twice
+    assert result.report.model_fallback and result.plan.kernels == 0
