@@ -112,7 +112,7 @@ def _on_torch_stream() -> Any:
 
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("CuPy calls are timed as plain calls")
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream())
     libcusparse.setStream(cupy.cuda.device.get_cusparse_handle(), stream.ptr)
     return stream
 

@@ -116,7 +116,7 @@ def _cuda_step(kernel: Kernel, artifact: str, arguments: _Arguments, device: tor
     def run(env: Env) -> None:
         tensors = arguments.bind(env, device)
         views = {a: _cupy_view(t) for a, t in tensors.items()}
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream)
+        stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream(device))
         for function, launch in calls:
             args = tuple(views[a.name] if isinstance(a, Buffer) else np.dtype(a.dtype).type(a.value)
                          for a in launch.args)
