@@ -152,6 +152,8 @@ class Job(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow, server_default=func.now())
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
+    owner_key_id: Mapped[int | None] = mapped_column(Id, ForeignKey("api_keys.id"), index=True)  # who submitted it
+    request_key: Mapped[str | None] = mapped_column(String(64), index=True)  # same model, device, toolchain: same job
 
 
 class ApiKey(Base):

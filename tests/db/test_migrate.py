@@ -23,7 +23,7 @@ def empty_database(request, tmp_path: Path):
 
 def test_scripts_ship_inside_the_package() -> None:
     assert MIGRATIONS.is_dir() and (MIGRATIONS / "env.py").is_file()
-    assert head_revision() == "0002"
+    assert head_revision() == "0003"
 
 
 def test_upgrade_from_empty_creates_every_table_and_matches_the_models(empty_database: Database) -> None:
@@ -39,12 +39,12 @@ def test_upgrade_from_empty_creates_every_table_and_matches_the_models(empty_dat
 
 def test_upgrade_is_repeatable_and_downgrade_round_trips(empty_database: Database) -> None:
     upgrade(empty_database.engine)
-    assert upgrade(empty_database.engine) == "0002"
+    assert upgrade(empty_database.engine) == "0003"
     assert downgrade(empty_database.engine, "0001") == "0001"
     assert not {"baselines", "demand"} & set(inspect(empty_database.engine).get_table_names())
     assert downgrade(empty_database.engine, "base") == "base"
     assert current_revision(empty_database.engine) is None
-    assert upgrade(empty_database.engine) == "0002"
+    assert upgrade(empty_database.engine) == "0003"
 
 
 def test_a_schema_from_a_newer_release_is_refused(empty_database: Database) -> None:
