@@ -2,10 +2,11 @@
 
 import typer
 
-from tunebank.cli import bench, db, embed
+from tunebank.cli import bench, db, embed, keys
 from tunebank.cli.crawl import crawl_command
 from tunebank.cli.inspect import inspect_command
 from tunebank.cli.optimize import optimize_command
+from tunebank.cli.serve import serve_command
 from tunebank.cli.tune import tune_command
 from tunebank.cli.worker import worker_command
 
@@ -20,9 +21,11 @@ app.command("tune")(tune_command)
 app.command("optimize")(optimize_command)
 app.command("crawl")(crawl_command)
 app.command("worker")(worker_command)
+app.command("serve")(serve_command)
 app.add_typer(db.app, name="db")
 app.add_typer(embed.app, name="embed")
 app.add_typer(bench.app, name="bench")
+app.add_typer(keys.app, name="keys")
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,1 @@
+"""Routes, one module per resource; each takes typed dependencies and calls one service function."""

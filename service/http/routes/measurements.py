@@ -1,0 +1,58 @@
+"""``POST /v1/measurements``: bulk ingest from remote crawlers. Idempotent: a measurement is keyed by subgraph,
+recipe, device and toolchain, and one already stored is skipped (the first one wins)."""
+
+import datetime as dt
+from typing import Annotated
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from db.repositories.devices import DeviceIn, upsert_device
+from db.repositories.measurements import MeasurementIn, ingest_measurements
+from service.http.auth import IngestKey
+from service.http.state import StateDep
+
+router = APIRouter(prefix="/v1", tags=["ingest"])
+MAX_RECORDS = 50_000
+
+
+class DeviceBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    device_class: str = Field(min_length=1, max_length=100)
+    arch: str = Field(min_length=1, max_length=100)
+    bandwidth_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    peak_tflops: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class MeasurementBody(BaseModel):
+    """One timing, by natural keys: the subgraph's structural hash (stored already), the canonical recipe, the
+    device name (stored already, or in this request's ``devices``) and the toolchain."""
+
+    model_config = ConfigDict(extra="forbid")
+    subgraph: str = Field(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
+    recipe: str = Field(min_length=1, max_length=4000)
+    device: str = Field(min_length=1, max_length=200)
+    toolchain: str = Field(min_length=1, max_length=200)
+    median_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    spread_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    repeats: int = Field(default=0, ge=0)
+    ok: bool = True
+    error_kind: str | None = Field(default=None, max_length=50)
+    measured_at: dt.datetime | None = None
+
+
+class IngestRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    devices: list[DeviceBody] = Field(default_factory=list, max_length=1000)
+    measurements: Annotated[list[MeasurementBody], Field(max_length=MAX_RECORDS)]
+
+
+@router.post("/measurements", operation_id="ingest_measurements")
+def ingest(body: IngestRequest, _: IngestKey, state: StateDep) -> dict:
+    """Store new measurements (and register or update ``devices``); returns how many were new."""
+    with state.database.scope() as session:
+        for d in body.devices:
+            upsert_device(session, DeviceIn(d.name, d.device_class, d.arch, d.bandwidth_gbps, d.peak_tflops))
+        result = ingest_measurements(session, [MeasurementIn(**m.model_dump()) for m in body.measurements])
+    return {"received": result.received, "inserted": result.inserted, "duplicates": result.duplicates}
