@@ -1,7 +1,9 @@
 """The whole model, timed as one run: every way the plan can run (on cuda with and without one CUDA graph, and the
 all-eager plan in a graph) against eager, interleaved (``service.model_timing.compare``); the fastest is kept when
 it beats eager by ``margin`` twice, in that timing and in a second one of the two alone; else the plan becomes
-all-eager without a graph, which runs the user's module itself.
+all-eager without a graph, which runs the user's module itself. Eager is timed at its GPU time (its launches queued
+ahead), the ways as a loop runs them: a plan that only wins because the host launches eager's ops slowly is not
+kept, since on a faster host it would lose.
 """
 
 import math
@@ -55,7 +57,7 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
     contenders: list[Callable[..., object]] = [eager, *modules]
     if backend == "cuda" and compare_compile:
         contenders.append(torch.compile(eager))
-    eager_s, *timed = compare(contenders, inputs, calls=calls)
+    eager_s, *timed = compare(contenders, inputs, calls=calls, gpu_time={0})
     if backend == "cuda" and compare_compile:
         report.compile_model_s = _none_if_nan(timed.pop())
     report.eager_model_s = _none_if_nan(eager_s)
@@ -64,7 +66,7 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
     if report.eager_model_s is not None and seconds * (1 + margin) < report.eager_model_s:
         # a second, independent timing of the winner against eager: a win that noise gave (a launch-bound eager
         # on a busy host) is not kept unless it wins again
-        again_eager_s, seconds = compare([eager, modules[best]], inputs, calls=calls)
+        again_eager_s, seconds = compare([eager, modules[best]], inputs, calls=calls, gpu_time={0})
         report.eager_model_s = _none_if_nan(again_eager_s)
     if report.eager_model_s is not None and not seconds * (1 + margin) < report.eager_model_s:
         report.model_fallback = True

@@ -42,7 +42,7 @@ def _gpu_cycles_per_ms() -> float:
 
 
 @needs_gpu
-def test_a_call_costs_what_a_loop_pays_for_it_the_larger_of_its_host_and_gpu_time() -> None:
+def test_a_call_costs_what_a_loop_pays_for_it_the_larger_of_its_host_and_gpu_time_or_its_gpu_time_when_asked() -> None:
     per_ms = _gpu_cycles_per_ms()
 
     def gpu_bound(x: torch.Tensor) -> None:  # 0.5 ms of host work before 2 ms on the GPU: a loop hides the host
@@ -53,7 +53,9 @@ def test_a_call_costs_what_a_loop_pays_for_it_the_larger_of_its_host_and_gpu_tim
         time.sleep(2e-3)
         torch.cuda._sleep(int(0.5 * per_ms))
 
-    gpu_s, host_s = compare([gpu_bound, host_bound], [torch.ones(1, device="cuda")], calls=40)
+    gpu_s, host_s, host_at_gpu_time_s = compare([gpu_bound, host_bound, host_bound], [torch.ones(1, device="cuda")],
+                                                calls=40, gpu_time={2})
     # timed from an idle GPU, gpu_bound would cost 2.5 ms: its host time added to its GPU time
     assert 1.9e-3 < gpu_s < 2.25e-3
     assert host_s > 1.9e-3
+    assert 0.45e-3 < host_at_gpu_time_s < 0.7e-3  # its launches queued ahead, it costs its GPU time

@@ -139,7 +139,7 @@ def test_the_plan_is_kept_only_when_it_beats_eager_as_a_whole(ctx: Context, monk
                                                              plan_s: float, eager_s: float, fallback: bool) -> None:
     import service.whole_model as whole_model
 
-    def scripted(models: list[PlanModule], inputs: object, calls: int) -> list[float]:  # by what runs
+    def scripted(models: list[PlanModule], inputs: object, calls: int, **_: object) -> list[float]:  # by what runs
         return [plan_s if model.plan.kernels else eager_s for model in models]
 
     monkeypatch.setattr(whole_model, "compare", scripted)
@@ -157,7 +157,7 @@ def test_a_plan_that_wins_once_and_loses_the_second_timing_is_not_kept(ctx: Cont
 
     rounds = itertools.count()
 
-    def noisy(models: list[PlanModule], inputs: object, calls: int) -> list[float]:  # eager drawn slow once
+    def noisy(models: list[PlanModule], inputs: object, calls: int, **_: object) -> list[float]:  # eager slow once
         plan_s = 1.0 if next(rounds) == 0 else 2.0
         return [plan_s if model.plan.kernels else 2.0 for model in models]
 
