@@ -29,6 +29,8 @@ def job_view(job: Job) -> dict[str, Any]:
     params = job.params or {}
     done = job.status == JobStatus.SUCCEEDED
     report = (job.result or {}).get("report") if done else None
+    if isinstance(report, dict) and params.get("filename"):  # the name the client sent, not the server's path
+        report = {**report, "model": params["filename"]}
     view: dict[str, Any] = {
         "id": job.id, "kind": job.kind, "status": job.status, "progress": job.progress, "error": job.error,
         "attempts": job.attempts, "model": params.get("filename") or params.get("model"),
