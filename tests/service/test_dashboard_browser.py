@@ -126,7 +126,7 @@ def test_map_draws_every_point_and_hover_names_its_kind(browser, server, seeded)
     assert painted == [int(colour[i: i + 2], 16) for i in (1, 3, 5)] + [255]  # its centre has its kind's colour
 
     hostile = next(d for d in drawn if d["kind"] == KINDS[2])
-    for target in (drawn[0], hostile):
+    for target in (drawn[-1], hostile):  # two datasets: the hover finds the point in the right one
         point = target["points"][0]
         size = canvas.size
         ActionChains(browser).move_to_element_with_offset(
