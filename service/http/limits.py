@@ -27,18 +27,26 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > limit:
             await error_response(413, PayloadTooLarge.error, _too_large(int(length), limit))(scope, receive, send)
             return
-        seen = 0
+        seen, refused = 0, False
 
-        async def limited() -> dict[str, Any]:
-            nonlocal seen
+        async def limited() -> dict[str, Any]:  # past the limit: answer 413, and the app sees the client leave
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise PayloadTooLarge(_too_large(seen, limit))
+                    refused = True
+                    await error_response(413, PayloadTooLarge.error, _too_large(seen, limit))(scope, receive, send)
+                    return {"type": "http.disconnect"}
             return message
 
-        await self.app(scope, limited, send)
+        async def guarded(message: dict[str, Any]) -> None:
+            if not refused:
+                await send(message)
+
+        await self.app(scope, limited, guarded)
 
 
 def _too_large(size: int, limit: int) -> str:
