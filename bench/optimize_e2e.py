@@ -12,7 +12,8 @@ column only builds its callable::
         return measure(compiled, module, inputs, compile_s=time.perf_counter() - start)
 
 Timing (``measure``): the callable is called once (its cold first call, e.g. a compile, is the column's
-business), warmed up, then called many times, each call between two CUDA events (wall clock on cpu), over
+business), warmed up, then called many times in bursts of back-to-back calls, each call between two CUDA events
+(wall clock on cpu), its bursts alternating with eager's (``eager_ms``, the speedup's denominator), over
 ``copies`` input sets rotated so that they are not all L2-resident (their bytes add up to >= 2x a 60 MB L2,
 between 2 and 16 sets; float copies are the example inputs times U(0.5, 1.5), never zeros; integer inputs are
 shared). The median of the calls is ``ms``. Outputs are checked against eager (``module(*inputs)``) on two input
@@ -139,43 +140,65 @@ def first_call(fn: Callable[..., Any], inputs: Sequence[Any]) -> tuple[Any, floa
     return out, time.perf_counter() - start
 
 
-def time_calls(fn: Callable[..., Any], sets: Sequence[tuple[Any, ...]], *, min_calls: int = 50,
-               max_calls: int = 2000, target_s: float = 1.0, warmup_s: float = 0.2) -> dict[str, Any]:
-    """Per-call times (ms) of ``fn`` over rotated input sets: CUDA events on cuda, wall clock on cpu."""
+def time_calls(fn: Callable[..., Any], sets: Sequence[tuple[Any, ...]], *, reference: Callable[..., Any] | None = None,
+               min_calls: int = 50, max_calls: int = 2000, target_s: float = 1.0, warmup_s: float = 0.2,
+               bursts: int = 10) -> dict[str, Any]:
+    """Per-call times (ms) of ``fn`` over rotated input sets, calls back to back in ``bursts`` bursts (CUDA events
+    on cuda, wall clock on cpu). With ``reference`` (eager), its bursts alternate with ``fn``'s (A B B A ...), so that
+    a drift of the host moves both alike: ``eager_ms`` is its median."""
     import torch
 
     device = next((t.device for t in sets[0] if isinstance(t, torch.Tensor)), torch.device("cpu"))
-    cuda = device.type == "cuda"
     with torch.no_grad():
-        warm, warm_start, start = 0, 0, time.perf_counter()
-        while warm < 3 or (time.perf_counter() - start < warmup_s and warm < max_calls):
-            fn(*sets[warm % len(sets)])
-            warm += 1
-            if warm == 3:
-                _sync(device)
-                start = time.perf_counter()
-                warm_start = warm
-        _sync(device)
-        per_call = (time.perf_counter() - start) / max(warm - warm_start, 1)
+        per_call = max(_warm_up(f, sets, device, max_calls=max_calls, warmup_s=warmup_s)
+                       for f in (fn, reference) if f is not None)
         calls = int(min(max_calls, max(min_calls, target_s / max(per_call, 1e-6))))
-        times: list[float] = []
-        if cuda:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(calls)]
-            for i, (begin, end) in enumerate(events):
-                begin.record()
-                fn(*sets[i % len(sets)])
-                end.record()
-            torch.cuda.synchronize()
-            times = [begin.elapsed_time(end) for begin, end in events]
-        else:
-            for i in range(calls):
-                t0 = time.perf_counter()
-                fn(*sets[i % len(sets)])
-                times.append((time.perf_counter() - t0) * 1e3)
-    q = statistics.quantiles(times, n=10)
-    return {"ms": statistics.median(times), "p10_ms": q[0], "p90_ms": q[-1], "calls": calls, "copies": len(sets),
-            "timer": "cuda events" if cuda else "wall clock"}
+        size = max(1, calls // bursts)
+        fns = [fn] if reference is None else [fn, reference]
+        times: list[list[float]] = [[] for _ in fns]
+        for b in range(bursts):
+            for n in range(len(fns)) if b % 2 == 0 else reversed(range(len(fns))):
+                times[n] += _burst(fns[n], sets, b * size, size, device)
+    q = statistics.quantiles(times[0], n=10)
+    result = {"ms": statistics.median(times[0]), "p10_ms": q[0], "p90_ms": q[-1], "calls": size * bursts,
+              "copies": len(sets), "timer": "cuda events" if device.type == "cuda" else "wall clock"}
+    if reference is not None:
+        result["eager_ms"] = statistics.median(times[1])
+    return result
+
+
+def _warm_up(fn: Callable[..., Any], sets: Sequence[tuple[Any, ...]], device: Any, *, max_calls: int,
+             warmup_s: float) -> float:
+    """Calls ``fn`` for ``warmup_s`` (at least 3 calls): seconds per call after the first 3."""
+    warm, warm_start, start = 0, 0, time.perf_counter()
+    while warm < 3 or (time.perf_counter() - start < warmup_s and warm < max_calls):
+        fn(*sets[warm % len(sets)])
+        warm += 1
+        if warm == 3:
+            _sync(device)
+            start = time.perf_counter()
+            warm_start = warm
+    _sync(device)
+    return (time.perf_counter() - start) / max(warm - warm_start, 1)
+
+
+def _burst(fn: Callable[..., Any], sets: Sequence[tuple[Any, ...]], first: int, calls: int, device: Any) -> list[float]:
+    import torch
+
+    if device.type != "cuda":
+        times = []
+        for i in range(first, first + calls):
+            t0 = time.perf_counter()
+            fn(*sets[i % len(sets)])
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    for i, (begin, end) in enumerate(events, first):
+        begin.record()
+        fn(*sets[i % len(sets)])
+        end.record()
+    torch.cuda.synchronize()
+    return [begin.elapsed_time(end) for begin, end in events]
 
 
 def measure(fn: Callable[..., Any], module: Any, inputs: Sequence[Any], *, compile_s: float | None = None,
@@ -195,7 +218,7 @@ def measure(fn: Callable[..., Any], module: Any, inputs: Sequence[Any], *, compi
         if first_output is not None:
             errs.append(max_rel_err(first_output, module(*sets[0])))
     result["max_rel_err"] = max(errs)
-    result.update(time_calls(fn, sets))
+    result.update(time_calls(fn, sets, reference=None if fn is module else module))
     return result
 
 
@@ -453,9 +476,11 @@ def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None) 
         lines.append(f"- {r.get('date', '?')}: {env.get('device', '?')}, torch {env.get('torch', '?')}, "
                      f"triton {env.get('triton', '-')}, CUDA {env.get('cuda', '-')}, commit {r.get('commit') or '?'}; "
                      f"columns {','.join(r.get('columns', []))}; `{r.get('command', '')}`")
-    lines += ["", "Median whole-model ms of one call (CUDA events; wall clock on cpu; rotated input copies past L2), "
-              "fp32; in brackets eager ms / column ms (> 1: faster than eager); compile: cold seconds of the first "
-              "call; err: max |out - eager| / max |eager|.", ""]
+    lines += ["", "Median whole-model ms of one call, calls back to back (CUDA events; wall clock on cpu; rotated "
+              "input copies past L2), fp32; in brackets eager ms / column ms (> 1: faster than eager), eager timed "
+              "in turn with the column where the entry has its own eager_ms (bursts alternating, so a drift of the "
+              "host moves both alike); compile: cold seconds of the first call; err: max |out - eager| / max |eager|.",
+              ""]
     head = ["model", "origin"]
     for c in cols:
         head += [f"{c} ms"] if c == "eager" else [f"{c} ms (x eager)", f"{c} compile s", f"{c} err"]
@@ -471,9 +496,10 @@ def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None) 
                 row.append(_cell(e))
                 continue
             cell = _cell(e)
-            if e and e.get("status") == "ok" and eager_ms:
-                speedups[c].append(eager_ms / e["ms"])
-                cell += f" ({eager_ms / e['ms']:.2f}x)"
+            paired_ms = e.get("eager_ms", eager_ms) if e else None  # eager timed in turn with the column
+            if e and e.get("status") == "ok" and paired_ms:
+                speedups[c].append(paired_ms / e["ms"])
+                cell += f" ({paired_ms / e['ms']:.2f}x)"
             ok = bool(e) and e.get("status") == "ok"
             row += [cell, f"{e['compile_s']:.1f}" if ok and e.get("compile_s") is not None else "-",
                     f"{e['max_rel_err']:.1e}" if ok and e.get("max_rel_err") is not None else "-"]

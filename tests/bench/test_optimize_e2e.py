@@ -3,6 +3,7 @@ the error measure; and every held-out model of ``bench.e2e_models`` imports and 
 
 import json
 import math
+import time
 import threading
 from pathlib import Path
 from typing import Any
@@ -93,15 +94,17 @@ def test_report_table_speedups_and_missing() -> None:
                 "m2": {"eager": {"status": "ok", "ms": 1.0},
                        "default": {"status": "ok", "ms": 2.0, "compile_s": 1.0, "max_rel_err": 0.0},
                        "max-autotune": {"status": "error", "error": "boom"}},
-                "m3": {"eager": {"status": "ok", "ms": 1.0}},
+                "m3": {"eager": {"status": "ok", "ms": 1.0},
+                       "default": {"status": "ok", "ms": 1.0, "eager_ms": 3.0}},  # eager timed in turn: 3 ms
             }}
     text = e2e.report(data, origin=lambda m: "new")
     rows = [line for line in text.splitlines() if line.startswith(("| m1 ", "| m2 "))]
     assert rows[0].split(" | ")[:6] == ["| m1", "new", "2", "1 (2.00x)", "3.2", "2.0e-07"]
     assert "unfinished (>512 s)" in rows[0] and "error" in rows[1] and "0.50x" in rows[1]
-    assert "geomean speedup over eager 1.00x over 2 models (min 0.50x, max 2.00x)" in text
+    assert "| m3 | new | 1 | 1 (3.00x) |" in text
+    assert "geomean speedup over eager 1.44x over 3 models (min 0.50x, max 3.00x)" in text
     assert "NVIDIA H200" in text and "abc1234" in text and "m2 / max-autotune: error: boom" in text
-    assert "m3 / default: not run" in text and "m3 / max-autotune: not run" in text
+    assert "m3 / max-autotune: not run" in text
     assert text.index("default ms") < text.index("max-autotune ms")  # COLUMNS order
 
 
@@ -127,8 +130,21 @@ def test_measure_times_and_checks_a_module() -> None:
     inputs = (torch.randn(16, 8),)
     out = e2e.measure(module, module, inputs, compile_s=1.5)
     assert out["max_rel_err"] == 0.0 and out["ms"] > 0 and out["calls"] >= 50 and out["compile_s"] == 1.5
+    assert "eager_ms" not in out  # eager is not paired with itself
     wrong = e2e.measure(lambda x: module(x) * 1.01, module, inputs)
     assert wrong["max_rel_err"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_a_column_is_timed_in_turn_with_eager_so_a_drifting_host_moves_both() -> None:
+    ticks = iter(range(10**6))
+
+    def drifting(x: torch.Tensor) -> torch.Tensor:  # each call slower than the one before, whoever makes it
+        time.sleep(1e-4 * (1 + next(ticks) / 50))
+        return x
+
+    out = e2e.time_calls(drifting, [(torch.ones(1),)], reference=drifting, min_calls=100, max_calls=100)
+    # timed after eager instead of in turn, the column would be ~1.5x slower than the same function as eager
+    assert out["ms"] / out["eager_ms"] == pytest.approx(1.0, abs=0.12)
 
 
 def test_models_are_held_out_and_import() -> None:
