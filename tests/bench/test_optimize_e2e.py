@@ -3,8 +3,8 @@ the error measure; and every held-out model of ``bench.e2e_models`` imports and 
 
 import json
 import math
-import time
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
