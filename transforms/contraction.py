@@ -3,9 +3,12 @@
 A program is a *contraction* when its first nest is ``out[batch.., m, n] = sum_k a[.., m, k] * b[.., k, n]``
 (or ``b[.., n, k]``: transpose_b) with a row-major write, and every later nest is pointwise over the same
 output domain, reading what earlier nests wrote only at the same element: the epilogue (bias, activation,
-residual, scale) can then run on the accumulators. :func:`match_contraction` recognises one and records
-the operands' element strides; :func:`gemm_configs` lists the legal :class:`GemmConfig` for it, and
-:func:`vendor_plan` says what a vendor GEMM (cuBLAS, cuBLASLt) computes of it and where it writes.
+residual, scale) can then run on the accumulators. Reshapes and transposes of what it computes (head splits,
+flattening) are folded into the epilogue's store first (``transforms.views.fold_views``): a row-major write is
+one at the element's row-major offset whatever the buffer's shape, and a folded view's nest may store through
+any map. :func:`match_contraction` recognises one and records the operands' element strides;
+:func:`gemm_configs` lists the legal :class:`GemmConfig` for it, and :func:`vendor_plan` says what a vendor GEMM
+(cuBLAS, cuBLASLt) computes of it and where it writes.
 
     contraction = match_contraction(program)  # None when the program is not GEMM-shaped
     configs = gemm_configs(contraction)       # cuBLASLt first, tensor-core or SIMT tiles, cuBLAS
@@ -20,6 +23,7 @@ from itertools import product
 
 from embed.ir import DType
 from embed.loopnest import Access, Affine, BufferKind, Call, Combiner, Dim, Load, LoopNest, LoopProgram, walk
+from transforms.views import VIEWS, fold_views, keeps_order
 
 PATHS = ("mma", "simt", "cublas", "cublaslt")
 VENDOR_PATHS = ("cublaslt", "cublas")  # a vendor GEMM, then our epilogue kernel
@@ -284,9 +288,10 @@ def _placements(c: Contraction, folded: int) -> list[tuple[str, DType]]:
     rest += [n.statement.body for n in program.nests[folded + 1:]]
     if any(isinstance(x, Call) and x.op in ("add", "sub") for e in rest if e is not None for x in walk(e)):
         return [(value, _compute(c))]
-    later = [n.statement.write.tensor for n in program.nests[folded + 1:]]
-    aliases = [(n, buffer.dtype) for n in later
-               if program.buffers[n].kind == BufferKind.OUTPUT and program.buffers[n].dtype == buffer.dtype]
+    later = [n for n in program.nests[folded + 1:] if row_major_store(program, n)]
+    aliases = [(n.statement.write.tensor, buffer.dtype) for n in later
+               if program.buffers[n.statement.write.tensor].kind == BufferKind.OUTPUT
+               and program.buffers[n.statement.write.tensor].dtype == buffer.dtype]
     return [*aliases, (value, _compute(c))]
 
 
@@ -295,9 +300,11 @@ def _placements(c: Contraction, folded: int) -> list[tuple[str, DType]]:
 
 
 def match_contraction(program: LoopProgram) -> Contraction | None:
-    """The contraction ``program`` is (see the module docstring), or None."""
+    """The contraction ``program`` is once its views are folded (see the module docstring), or None. Its
+    ``program`` is the folded one: what the gemm kernels run."""
     if not program.nests:
         return None
+    program = fold_views(program)
     mm = program.nests[0]
     st = mm.statement
     par = mm.parallel
@@ -316,7 +323,7 @@ def match_contraction(program: LoopProgram) -> Contraction | None:
     ops = [_operand(program, x, batch_dims, outer, k_dim) for x, outer in ((a, m_dim), (b, n_dim))]
     if ops[0] is None or ops[1] is None or ops[0].k != 1 or 1 not in (ops[1].k, ops[1].outer):
         return None
-    if _flat(st.write, program, dims) is None or _flat(st.write, program, dims) != _row_major(par):
+    if not row_major_store(program, mm):
         return None
     contraction = Contraction(program, tuple(d.extent for d in par[:-2]), par[-2].extent, par[-1].extent,
                               mm.reduction[0].extent, ops[0], ops[1])
@@ -358,19 +365,38 @@ def _flat(access: Access, program: LoopProgram, dims: list[str]) -> tuple[tuple[
     return tuple((i, int(s)) for i, s in enumerate(strides) if s)  # type: ignore[arg-type]
 
 
+def row_major_store(program: LoopProgram, nest: LoopNest) -> bool:
+    """``nest`` writes each element of its parallel domain at the element's row-major offset (plainly, or through
+    a reshape's index map), as a library GEMM or a vector store writes it."""
+    dims = [d.name for d in nest.parallel]
+    flat = _flat(nest.statement.write, program, dims)
+    if flat is not None:
+        return flat == _row_major(nest.parallel)
+    return keeps_order(nest.statement.write, program.buffers[nest.statement.write.tensor].shape, nest.parallel)
+
+
 def epilogue_ok(program: LoopProgram, mm: LoopNest) -> bool:
-    """Every later nest is pointwise over the matmul's domain and reads earlier results at its own element."""
+    """Every later nest is pointwise over the matmul's domain and reads earlier results at its own element; each
+    writes row-major (``row_major_store``), or is a folded view storing a value through its index map."""
     extents = [d.extent for d in mm.parallel]
-    written = {mm.statement.write.tensor}
+    written = {mm.statement.write.tensor: mm.statement.write}
     for nest in program.nests[1:]:
         st = nest.statement
         if st.combiner is not None or nest.reduction or [d.extent for d in nest.parallel] != extents:
             return False
         dims = [d.name for d in nest.parallel]
-        if any(d.ragged for d in nest.dims) or _flat(st.write, program, dims) != _row_major(nest.parallel):
+        view = nest.op in VIEWS and isinstance(st.body, Load) and st.body.access == written.get(st.body.access.tensor)
+        if any(d.ragged for d in nest.dims) or not (view or row_major_store(program, nest)):
             return False
         own = _row_major(nest.parallel)
-        if st.write.tensor in written or any(_flat(x, program, dims) != own for x in st.loads() if x.tensor in written):
+        if st.write.tensor in written or any(not _same_element(x, written[x.tensor], program, dims, own)
+                                             for x in st.loads() if x.tensor in written):
             return False
-        written.add(st.write.tensor)
+        written[st.write.tensor] = st.write
     return True
+
+
+def _same_element(read: Access, write: Access, program: LoopProgram, dims: list[str],
+                  own: tuple[tuple[int, int], ...]) -> bool:
+    """``read`` reads what ``write`` wrote at this element: the same index, or both at the row-major offset."""
+    return read == write or (_flat(read, program, dims) == own and _flat(write, program, dims) == own)

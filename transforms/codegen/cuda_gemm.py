@@ -16,7 +16,9 @@ as the vendor paths' epilogue kernel does. ``cublas`` / ``cublaslt``: a library 
 see ``transforms.vendor_blas``) writes the product, cuBLASLt with what it can apply of the epilogue (bias,
 relu, tanh-gelu), where ``transforms.contraction.vendor_plan`` says (an output, in place, when one fits);
 then one elementwise kernel applies the rest, each thread on several elements of a row (vector loads and
-stores, 16 bytes of the narrowest buffer). Raw PTX throughout: no CUDA header is needed.
+stores, 16 bytes of the narrowest buffer; one element where an output is stored through a transpose). A
+reshape or transpose of the result is the epilogue's store (``transforms.views``): each element is stored where
+the view puts it. Raw PTX throughout: no CUDA header is needed.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from transforms.contraction import (
     Operand,
     VendorPlan,
     match_contraction,
+    row_major_store,
     vendor_plan,
 )
 from transforms.run import Buffer, Launch, Scalar
@@ -489,11 +492,13 @@ class _GemmGen:
         (:data:`VECTOR_BYTES` of the narrowest of ``source`` and the outputs it stores; one or two vector loads or
         stores each) where the row length and the dtypes allow, else one element."""
         c = self.c
-        stored = [n.statement.write.tensor for n in c.program.nests[first + int(written):]]
-        outputs = [b for b in stored if self.buffers[b].kind == BufferKind.OUTPUT]
+        later = [n for n in c.program.nests[first + int(written):]
+                 if self.buffers[n.statement.write.tensor].kind == BufferKind.OUTPUT]
+        outputs = [n.statement.write.tensor for n in later]
         sizes = {dtype.itemsize} | {self.buffers[b].dtype.itemsize for b in outputs}
         fits = [w for w in (8, 4, 2) if w * min(sizes) <= VECTOR_BYTES and w * min(sizes) % 4 == 0 and c.n % w == 0]
-        width = fits[0] if fits and sizes <= {2, 4} else 1
+        in_order = all(row_major_store(c.program, n) for n in later)  # a transposed store goes element by element
+        width = fits[0] if fits and sizes <= {2, 4} and in_order else 1
         total = self.elements
         self.line(f"const idx_t e = ((idx_t)blockIdx.x * {EPILOGUE_THREADS} + threadIdx.x) * {width};")
         self.line(f"if (e >= {total}) return;")

@@ -1,0 +1,158 @@
+"""Layout views of computed values folded into the store of the nest that computes them (``fold_views``).
+
+A reshape or transpose lowers to a copy nest over the view's shape (``embed.lower``): ``matmul+add+reshape`` is then
+not "a matmul, then pointwise nests over its output", and the contraction would leave the GEMM family for a generic
+kernel that also copies. ``fold_views`` rewrites each view of a value computed in the program into the domain of the
+nest that computes it: the view reads the value at the element being computed and stores it where the view puts it
+(an index map, with ``//`` and ``%`` where shapes split or merge), so the layout is the epilogue's store and no copy
+runs. Where the map keeps every element at its row-major offset (a reshape: head splits, flattening) and nothing else
+reads the value, the computing nest writes the view's buffer itself, so a vendor GEMM can write it too.
+
+    program = fold_views(lower(graph))  # the same object when there is nothing to fold
+
+Buffers are kept (a folded-away temporary stays declared, unused), so a kernel's arguments do not change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from embed.loopnest import (
+    Access,
+    Affine,
+    BufferKind,
+    Dim,
+    FloorDiv,
+    Load,
+    LoopNest,
+    LoopProgram,
+    Mod,
+    Statement,
+    floordiv,
+    mod,
+)
+
+VIEWS = ("reshape", "transpose")  # copy nests that only move elements, one to one
+
+
+def fold_views(program: LoopProgram) -> LoopProgram:
+    """``program`` with each foldable view folded (module docstring), in program order."""
+    nests = list(program.nests)
+    j = 0
+    while j < len(nests):
+        folded = _fold(program, nests, j)
+        if folded is None:
+            j += 1
+            continue
+        nests = folded
+    return program if tuple(nests) == program.nests else replace(program, nests=tuple(nests))
+
+
+def _fold(program: LoopProgram, nests: list[LoopNest], j: int) -> list[LoopNest] | None:
+    """``nests`` with view ``j`` moved into the domain of the nest computing what it reads (or merged into that
+    nest's store); None when ``j`` is not such a view or is one already."""
+    view, buffers = nests[j], program.buffers
+    st = view.statement
+    if (view.op not in VIEWS or st.combiner is not None or not isinstance(st.body, Load) or st.body.access.fill
+            is not None or any(d.ragged for d in view.dims) or view.reduction):
+        return None
+    source, out = st.body.access.tensor, st.write.tensor
+    writers = [i for i, n in enumerate(nests) if n.statement.write.tensor == source]
+    if len(writers) != 1 or writers[0] >= j or [n.statement.write.tensor for n in nests].count(out) != 1:
+        return None
+    i = writers[0]
+    producer = nests[i]
+    domain = producer.parallel
+    size = math.prod(d.extent for d in domain)
+    if (size != buffers[source].numel or size != buffers[out].numel or any(d.ragged for d in producer.dims)
+            or not _row_major_plain(st.write, buffers[out].shape, view.parallel)):
+        return None
+    at = producer.statement.write.index
+    if st.body.access.index == at and view.parallel == domain:
+        return None  # folded already
+    index = _moved(view, at, buffers[source].shape, buffers[out].shape, {d.name: d.extent for d in domain})
+    if index is None:
+        return None
+    store = Access(out, index)
+    readers = sum(x.tensor == source for n in nests for x in n.loads())
+    if buffers[source].kind == BufferKind.TEMP and readers == 1 and keeps_order(store, buffers[out].shape, domain):
+        merged = replace(producer, statement=replace(producer.statement, write=store))
+        return [*nests[:i], merged, *nests[i + 1:j], *nests[j + 1:]]
+    moved = LoopNest(view.op, domain, Statement(store, Load(Access(source, at))))
+    return [*nests[:j], moved, *nests[j + 1:]]
+
+
+def _moved(view: LoopNest, at: Sequence[Affine], shape: Sequence[int], out_shape: Sequence[int],
+           extents: Mapping[str, int]) -> tuple[Affine, ...] | None:
+    """Where ``view`` stores the element its source holds at index ``at``, or None."""
+    if view.op == "reshape":  # the same row-major offset in the view's shape
+        flat = Affine()
+        for e, s in zip(at, _strides(shape), strict=True):
+            flat = flat + e * s
+        return tuple(mod(floordiv(flat, s, extents), n, extents) for s, n in zip(_strides(out_shape), out_shape,
+                                                                                  strict=True))
+    read, written = view.statement.body.access.index, view.statement.write.index  # type: ignore[union-attr]
+    index = []
+    for w in written:  # a transpose reads axis a of its source at the dim that indexes one axis of its output
+        if not w.terms:
+            index.append(Affine())
+            continue
+        axis = next((a for a, r in enumerate(read) if r == w), None)
+        if axis is None:
+            return None
+        index.append(at[axis])
+    return tuple(index)
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    return [math.prod(shape[a + 1:]) for a in range(len(shape))]
+
+
+def _row_major_plain(access: Access, shape: Sequence[int], dims: Sequence[Dim]) -> bool:
+    """``access`` indexes ``shape`` by ``dims`` in order, one plain dim per axis (size-1 axes: 0)."""
+    named = [e for e, n in zip(access.index, shape, strict=True) if n != 1]
+    return (all(not e.terms and not e.const for e, n in zip(access.index, shape, strict=True) if n == 1)
+            and named == [Affine.of(d.name) for d in dims])
+
+
+def keeps_order(access: Access, shape: Sequence[int], dims: Sequence[Dim]) -> bool:
+    """Whether ``access`` stores every point of ``dims`` at its row-major offset in a buffer of ``shape`` (a plain
+    row-major write, or one through a reshape's index map).
+
+    Each dim is moved over its whole range with the others at 0: exact for the maps ``fold_views`` makes, whose
+    offsets are sums over the mixed-radix digits of the dims (a digit out of place shows when it alone is 1)."""
+    if math.prod(shape) != math.prod(d.extent for d in dims) or any(d.ragged for d in dims):
+        return False
+    expected = _strides([d.extent for d in dims])
+    for d, stride in zip(dims, expected, strict=True):
+        values = {x.name: np.zeros(1, np.int64) for x in dims} | {d.name: np.arange(d.extent, dtype=np.int64)}
+        offset = np.zeros(1, np.int64)
+        for e, s in zip(access.index, _strides(shape), strict=True):
+            value = _value(e, values)
+            if value is None:
+                return False
+            offset = offset + value * s
+        if not np.array_equal(np.broadcast_to(offset, (d.extent,)), values[d.name] * stride):
+            return False
+    return True
+
+
+def _value(expr: Affine, values: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """``expr`` at the points ``values`` gives; None through an indirect read or a dim not in ``values``."""
+    out = np.full(1, expr.const, np.int64)
+    for atom, coef in expr.terms:
+        if isinstance(atom, str):
+            term = values.get(atom)
+        elif isinstance(atom, FloorDiv | Mod):
+            arg = _value(atom.arg, values)
+            term = None if arg is None else arg // atom.divisor if isinstance(atom, FloorDiv) else arg % atom.modulus
+        else:
+            term = None
+        if term is None:
+            return None
+        out = out + coef * term
+    return out
