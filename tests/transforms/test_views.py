@@ -17,6 +17,7 @@ from embed.ir import Graph
 from embed.lower import lower
 from embed.partition import partition
 from embed.subgraph import SubgraphKind
+from tests.gpu import needs_gpu
 from transforms.build import Source, build
 from transforms.codegen import generate
 from transforms.compilers import cuda
@@ -248,3 +249,19 @@ def test_gemm_kernels_with_views_compile_to_ptx(tmp_path: Path) -> None:
     results = build([Source(k.code, "cuda") for k in kernels], cache_dir=tmp_path)
     assert [(case, r.error[:400]) for case, r in zip(cases, results, strict=True) if not r.ok] == []
     assert {r for _, t, r in cases if t == "float16"} >= {"gemm(mma,64,64,32,4,2,1)", "gemm(cublaslt,0)"}
+
+
+GPU_RECIPES = {"float32": ("gemm(cublaslt,0)", "gemm(cublas)", "gemm(simt,64,64,16,4,1,8)",
+                           "gemm(simt,32,32,2,1,1,1,2)"),
+               "float16": ("gemm(cublaslt,0)", "gemm(cublas)", "gemm(mma,64,64,32,4,2,1)")}
+GPU_CASES = [(name, dtype, recipe) for dtype, recipes in GPU_RECIPES.items() for name in sorted(GRAPHS)
+             for recipe in recipes]
+
+
+@needs_gpu
+@pytest.mark.parametrize(("name", "dtype", "recipe"), GPU_CASES)
+def test_gemm_kernels_with_views_validate_on_the_gpu(tmp_path: Path, name: str, dtype: str, recipe: str) -> None:
+    from tests.transforms.kernels import measure
+
+    (result,) = measure(graphs(dtype)[name], [recipe], tmp_path, backend="cuda")
+    assert result.ok, result.error
