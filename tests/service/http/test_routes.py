@@ -140,3 +140,18 @@ def test_every_error_is_error_and_detail(api: Api) -> None:
                      api.client.post("/v1/search", content=b"{not json", headers={**headers,
                                                                                   "Content-Type": "application/json"})):
         assert 400 <= response.status_code < 500 and set(response.json()) == {"error", "detail"}, response.text
+
+
+def test_a_request_that_takes_too_long_ends_with_504(make_api) -> None:
+    api = make_api(request_timeout_s=0.2)
+
+    async def slow() -> dict:
+        import asyncio
+
+        await asyncio.sleep(5)
+        return {}
+
+    api.client.app.add_api_route("/v1/slow", slow)
+    response = api.client.get("/v1/slow")
+    assert response.status_code == 504 and "TUNEBANK_REQUEST_TIMEOUT_S" in response.json()["detail"]
+    assert api.client.get("/healthz").status_code == 200
