@@ -10,11 +10,19 @@ from what the database holds, so a restarted crawl replays the searches it inter
 twice. A subgraph's profile, its demand rows and the crawl's checkpoint commit in one transaction, and the
 checkpoint fixes the crawl's subgraphs and the best recipes the cross table applies: a crawl killed at any point
 and restarted ends with the database an uninterrupted one would have left.
+
+Sharded (``shards`` other than 1, what ``tunebank crawl --queue`` does): the crawl job plans as above, then splits the
+subgraphs to tune into ``crawl_shard`` child jobs (queued with the checkpoint that names them), which the workers of
+its queue run in parallel, each resumable from its own checkpoint, while the crawl job runs the ones it can claim and
+waits for the rest. Only once every shard has succeeded does it run the cross table and the encoder step, alone: the
+crawl job holds the crawl lock throughout, so whole crawls still never overlap. Shards record their measurements
+under the crawl job's id, so the database ends as after the same crawl unsharded.
 """
 
+import contextlib
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +33,7 @@ from sqlalchemy.orm import Session
 from db.models import Baseline, Demand, Embedding, Measurement, Recipe
 from db.models import Subgraph as SubgraphRow
 from db.repositories._insert import insert_ignore_count
+from db.repositories.jobs import JobStatus
 from db.repositories.measurements import MeasurementIn, ingest_measurements
 from db.repositories.rankings import best_recipes
 from db.session import Database
@@ -37,7 +46,7 @@ from embed.subgraph import Subgraph, SubgraphKind
 from service.crawl import baseline, cross_recipes, profile_vector, tune_one
 from service.crawl_encoder import encoder_step
 from service.embeddings import EncoderStore
-from service.jobs import JobProgress
+from service.jobs import JobContext, JobProgress
 from service.measure import Measurer
 from service.store import PROFILE_ENCODER, add_profiles, add_subgraphs, register_device
 from transforms.recipe import Recipe as RecipeSteps
@@ -49,6 +58,12 @@ log = logging.getLogger(__name__)
 
 #: Fractions of a crawl's progress at which its phases start.
 TUNE, CROSS, ENCODER = 0.0, 0.85, 0.95
+SHARD_KIND = "crawl_shard"  # the job kind of a shard (``crawl_shard_job``)
+SHARD_SUBGRAPHS = 8  # subgraphs to tune per shard when the number of shards is automatic (``shards=0``)
+
+
+class ShardFailedError(RuntimeError):
+    """A shard of the crawl failed (out of attempts, or an error): the crawl stops before its cross table."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,7 @@ class CrawlParams:
     seed: int = 0
     cross: bool = True
     retrain_min: int = 8  # new profiled subgraphs since the last training that trigger a new learned encoder
+    shards: int = 1  # jobs that tune the subgraphs: 1, the crawl job; N, N shard jobs; 0, one per SHARD_SUBGRAPHS
 
     def to_params(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -113,6 +129,13 @@ def model_graphs(params: CrawlParams) -> tuple[list[Graph], dict[str, str]]:
     return graphs, refused
 
 
+def split(todo: Sequence[str], shards: int) -> list[list[str]]:
+    """``todo`` in consecutive parts of near-equal size (a model's subgraphs stay together): ``shards`` of them, or
+    one per ``SHARD_SUBGRAPHS`` when ``shards`` is 0; no empty part."""
+    n = max(1, min(len(todo), shards if shards > 0 else math.ceil(len(todo) / SHARD_SUBGRAPHS)))
+    return [list(todo[i * len(todo) // n: (i + 1) * len(todo) // n]) for i in range(n)] if todo else []
+
+
 def stored_subgraph(row: SubgraphRow) -> Subgraph:
     """A subgraph as the database holds it (canonical IR, kind and hashes)."""
     return Subgraph(graph_from_json(row.ir_json), SubgraphKind(row.kind), row.structural_hash, row.family_hash, (), ())
@@ -136,9 +159,10 @@ def _crawled(session: Session, device_id: int, toolchain: str, ids: Sequence[int
 class Crawl:
     """One crawl's state: its device, measurer (stored as it measures), subgraphs and checkpoint."""
 
-    def __init__(self, database: Database, params: CrawlParams, measurer: Measurer, *, store: EncoderStore,
-                 progress: JobProgress) -> None:
+    def __init__(self, database: Database, params: CrawlParams, measurer: Measurer, *, store: EncoderStore | None,
+                 progress: JobProgress, crawl_id: int | None = None) -> None:
         self.database, self.params, self.store, self.progress = database, params, store, progress
+        self.crawl_id = progress.job_id if crawl_id is None else crawl_id  # the job measurements are recorded under
         self.device, self.toolchain = measurer.table.device, measurer.table.toolchain
         self.inner = measurer
         self.measurer = Measurer(type(measurer.table)(self.device, self.toolchain), run=self._run,
@@ -151,7 +175,7 @@ class Crawl:
         results = self.inner.run(task, recipes)
         records = [MeasurementIn(task.key, str(r), self.device.name, self.toolchain, m.median_s if m.ok else None,
                                  m.iqr_s if m.ok else None, m.repeats, m.ok, m.error_kind if not m.ok else None,
-                                 job_id=self.progress.job_id) for r, m in zip(recipes, results, strict=True)]
+                                 job_id=self.crawl_id) for r, m in zip(recipes, results, strict=True)]
         with self.database.scope() as session:
             ingest_measurements(session, records)
         return results
@@ -229,6 +253,27 @@ class Crawl:
                 self.checkpoint = {**self.checkpoint, "next": n + 1}
                 self.progress.save(self.checkpoint, session)
 
+    def tune_in_shards(self) -> None:
+        """Tune the subgraphs in shard jobs run by the workers of this job's queue (this one included), then load
+        what they measured; raises ``ShardFailedError`` when one failed."""
+        if "shards" not in self.checkpoint:
+            shard = {"crawl": self.progress.job_id, "params": self.params.to_params()}
+            with self.database.scope() as session:
+                ids = [self.progress.spawn(session, SHARD_KIND, {**shard, "subgraphs": part})
+                       for part in split(self.checkpoint["todo"], self.params.shards)]
+                self.checkpoint = {**self.checkpoint, "shards": ids}
+                self.progress.save(self.checkpoint, session)
+        ids = self.checkpoint["shards"]
+        done = self.progress.join(ids, report=lambda n, total: self.progress(
+            TUNE + (CROSS - TUNE) * n / max(total, 1), f"tune: {n}/{total} shards done"))
+        failed = [j for j in done if j.status != JobStatus.SUCCEEDED]
+        if failed:
+            raise ShardFailedError(
+                f"crawl shard job(s) {', '.join(str(j.id) for j in failed)} {failed[0].status}: {failed[0].error}; "
+                "what they measured is stored: run the crawl again to go on")
+        with self.database.scope() as session:
+            self._preload(session)  # what the shards measured, so that the cross table does not measure it again
+
     def bests(self) -> dict[str, str]:
         """Best recipe of each crawled subgraph, fixed once tuning ends (the cross table's sources)."""
         if "best" not in self.checkpoint:
@@ -262,9 +307,13 @@ class Crawl:
             self.progress(0.0, "loading models")
             self._plan()
         self._load()
-        self.tune()
+        if self.params.shards == 1:
+            self.tune()
+        else:
+            self.tune_in_shards()
         applied = self.cross() if self.params.cross else 0
         self.progress(ENCODER, "encoder")
+        assert self.store is not None, "a crawl's encoder step needs an encoder store"
         encoder = encoder_step(self.database, self.store, device_id=self.device_id, backend=self.params.backend,
                                retrain_min=self.params.retrain_min, seed=self.params.seed, progress=self.progress,
                                checkpoint=self.checkpoint)
@@ -273,10 +322,11 @@ class Crawl:
             measured = session.scalar(select(func.count()).select_from(Measurement)
                                       .where(Measurement.job_id == self.progress.job_id))
         planned, todo = self.checkpoint["subgraphs"], self.checkpoint["todo"]
+        sharded = {"shards": self.checkpoint["shards"]} if "shards" in self.checkpoint else {}
         return {"models": self.checkpoint["models"], "refused_files": self.checkpoint.get("refused", {}),
                 "subgraphs": len(planned), "tuned": len(todo), "skipped": len(planned) - len(todo),
                 "measured": int(measured or 0), "cross_applications": applied, "device": self.device.name,
-                "toolchain": self.toolchain, "encoder": encoder}
+                "toolchain": self.toolchain, "encoder": encoder, **sharded}
 
 
 def _pages(items: list[int], size: int = 1000) -> list[list[int]]:
@@ -289,17 +339,45 @@ def run_crawl(database: Database, params: CrawlParams, measurer: Measurer, *, st
     return Crawl(database, params, measurer, store=store, progress=progress).run()
 
 
-def crawl_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
-    """The ``crawl`` job kind: a crawl on this machine's device with a live measurer."""
+def run_shard(database: Database, params: dict[str, Any], measurer: Measurer, *,
+              progress: JobProgress) -> dict[str, Any]:
+    """Run (or resume) one shard of a crawl: ``params`` as the crawl job spawned it (``crawl``: its id,
+    ``params``: its ``CrawlParams``, ``subgraphs``: the structural hashes to tune); returns its summary."""
+    crawl = Crawl(database, CrawlParams.from_params(params["params"]), measurer, store=None, progress=progress,
+                  crawl_id=int(params["crawl"]))
+    if "subgraphs" not in crawl.checkpoint:
+        crawl.checkpoint = {"subgraphs": list(params["subgraphs"]), "todo": list(params["subgraphs"]), "next": 0}
+    crawl._load()
+    crawl.tune()
+    progress(1.0, "done")
+    return {"crawl": crawl.crawl_id, "tuned": len(crawl.checkpoint["todo"]), "worker": progress.owner}
+
+
+@contextlib.contextmanager
+def _live(params: CrawlParams, context: JobContext) -> Iterator[tuple[CrawlParams, Measurer]]:
+    """``params`` with this machine's backend for "auto" (a submitted crawl), and a live measurer on it."""
     from service.devices import detect_device, toolchain
     from service.measure import MeasurementTable, live_measurer
     from transforms.backends import resolve_backend
     from transforms.run import Worker
 
-    crawl, context = CrawlParams.from_params(params), progress.context
-    crawl = replace(crawl, backend=resolve_backend(crawl.backend))  # "auto" (a submitted crawl): this machine's
+    params = replace(params, backend=resolve_backend(params.backend))
     with Worker() as worker:
-        table = MeasurementTable(detect_device(crawl.backend), toolchain(crawl.backend))
-        measurer = live_measurer(table, backend=crawl.backend, cache_dir=context.data_dir / "kernels", worker=worker)
+        table = MeasurementTable(detect_device(params.backend), toolchain(params.backend))
+        yield params, live_measurer(table, backend=params.backend, cache_dir=context.data_dir / "kernels",
+                                    worker=worker)
+
+
+def crawl_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
+    """The ``crawl`` job kind: a crawl on this machine's device with a live measurer."""
+    context = progress.context
+    with _live(CrawlParams.from_params(params), context) as (crawl, measurer):
         return run_crawl(context.database, crawl, measurer, store=EncoderStore(context.data_dir / "encoders"),
                          progress=progress)
+
+
+def crawl_shard_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
+    """The ``crawl_shard`` job kind: one shard of a crawl (``run_shard``) with a live measurer."""
+    context = progress.context
+    with _live(CrawlParams.from_params(params["params"]), context) as (crawl, measurer):
+        return run_shard(context.database, {**params, "params": crawl.to_params()}, measurer, progress=progress)

@@ -10,6 +10,11 @@ same host, its pid is gone) and the next executor claims it again, ``attempts`` 
 gets ``progress``: ``progress(fraction, message)`` reports, ``progress.checkpoint`` is the state the previous
 attempt saved with ``progress.save(state, session)``, so a resumable job goes on where it stopped. Kinds in
 ``EXCLUSIVE`` run one at a time across processes: the executor takes the kind's database lock before claiming one.
+
+A job can split its work into child jobs: ``progress.spawn(session, kind, params)`` queues one (on the parent's Celery
+queue, if it has one) in the transaction that saves the checkpoint naming it, and ``progress.join(ids)`` publishes
+them and waits for them, running the ones this process can claim meanwhile, so the workers of the queue (the parent's
+included) run them in parallel. A crawl's shards are such children (``service.crawl_run``).
 """
 
 import contextlib
@@ -18,7 +23,8 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Collection, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +43,15 @@ log = logging.getLogger(__name__)
 JobFunction = Callable[[dict[str, Any], "JobProgress"], dict[str, Any]]
 JOB_KINDS: Registry[JobFunction] = Registry("job kind")
 JOB_KINDS.register_lazy("crawl", "service.crawl_run:crawl_job")
+JOB_KINDS.register_lazy("crawl_shard", "service.crawl_run:crawl_shard_job")
 JOB_KINDS.register_lazy("optimize", "service.optimize:optimize_job")
-EXCLUSIVE = {"crawl": "crawl"}  # kind -> the lock its jobs hold while they run
-MAX_ATTEMPTS = {"crawl": 20}  # a crawl resumes where it stopped, so every attempt makes progress
+EXCLUSIVE = {"crawl": "crawl"}  # kind -> the lock its jobs hold while they run (a crawl's shards hold none)
+MAX_ATTEMPTS = {"crawl": 20, "crawl_shard": 20}  # they resume where they stopped: every attempt makes progress
 DEFAULT_MAX_ATTEMPTS = 3
 QUEUE_PARAM = "_queue"  # in a job's params: the Celery queue it was published to (the function never sees it)
 
 Listener = Callable[[float, str], None]
+Publisher = Callable[[int, str], None]  # (job id, queue): tell the queue's workers to run the job
 
 
 class LockBusyError(RuntimeError):
@@ -101,13 +109,16 @@ class JobContext:
 class JobProgress:
     """What a job function gets: report progress, read and save its checkpoint, and its ``context``."""
 
-    def __init__(self, context: JobContext, job: Job, owner: str, listener: Listener | None = None) -> None:
+    def __init__(self, context: JobContext, job: Job, owner: str, listener: Listener | None = None, *,
+                 executor: "Executor | None" = None) -> None:
         self.context, self.job_id, self.owner, self.listener = context, job.id, owner, listener
         self.database = context.database
         self.attempt = job.attempts
         self.checkpoint: dict[str, Any] = jobs.checkpoint_of(job)
         self.fraction = job.progress
         self.lost = False
+        self.queue: str | None = (job.params or {}).get(QUEUE_PARAM)  # the Celery queue it was published to
+        self.executor = executor  # the one running it, which runs the children ``join`` can claim
 
     def __call__(self, fraction: float, message: str = "") -> None:
         if self.lost:
@@ -123,6 +134,47 @@ class JobProgress:
                 self.lost = True
                 raise LeaseLostError(f"job {self.job_id}: lease lost to another worker")
         self.checkpoint = checkpoint
+
+    def spawn(self, session: Session, kind: str, params: dict[str, Any]) -> int:
+        """Queue a child job of ``kind`` in ``session``'s transaction (commit it with the checkpoint that names it,
+        so a restarted parent finds its children), on this job's queue when it has one; returns its id."""
+        (self.executor.registry if self.executor is not None else JOB_KINDS).get(kind)
+        return jobs.enqueue(session, kind, {**params, **({QUEUE_PARAM: self.queue} if self.queue else {})}).id
+
+    def join(self, job_ids: Sequence[int], *, report: Callable[[int, int], None] | None = None,
+             poll_s: float = 0.5) -> list[Job]:
+        """Wait until the jobs ``job_ids`` (children from ``spawn``) have finished; the finished jobs, in order.
+
+        They are published to this job's queue first (again on a resumed attempt: a worker drops a message for a job
+        that finished or that a live worker holds). Meanwhile this process runs those it can claim, so the worker
+        waiting on them works with the others, and takes over a child whose holder died. ``report(done, total)`` is
+        called as they finish; a lost lease on this job raises ``LeaseLostError``."""
+        executor = self.executor
+        assert executor is not None, "join needs the executor that runs this job"
+        published, done = False, -1
+        while True:
+            with self.database.scope() as session:
+                children = [jobs.get_job(session, i) for i in job_ids]
+            waiting = [j for j in children if j.status in (JobStatus.QUEUED, JobStatus.RUNNING)]
+            if report is not None and len(children) - len(waiting) != done:
+                done = len(children) - len(waiting)
+                report(done, len(children))
+            if not waiting:
+                return children
+            if self.lost:
+                raise LeaseLostError(f"job {self.job_id}: lease lost to another worker")
+            if not published and self.queue and executor.publish is not None:
+                for child in waiting:
+                    executor.publish(child.id, self.queue)
+                published = True
+            ran = False
+            for child in waiting:
+                claimed = executor.claim(child.id, child.kind)
+                if claimed is not None:
+                    executor.run(claimed)
+                    ran = True
+            if not ran:
+                time.sleep(poll_s)
 
 
 class _Heartbeat:
@@ -160,8 +212,10 @@ class Executor:
     """Claims jobs of ``kinds`` (default: every registered kind) from the table and runs them in this process."""
 
     def __init__(self, context: JobContext, *, kinds: Collection[str] | None = None, lease_s: float = 60.0,
-                 owner: str | None = None, registry: Registry[JobFunction] = JOB_KINDS) -> None:
+                 owner: str | None = None, registry: Registry[JobFunction] = JOB_KINDS,
+                 publish: Publisher | None = None) -> None:
         self.context, self.database, self.lease_s, self.registry = context, context.database, lease_s, registry
+        self.publish = publish  # how children of a job published to a queue reach its workers (set by Celery's)
         self.kinds = sorted(kinds if kinds is not None else registry.names())
         self.owner = owner or new_owner()
         self._stop = threading.Event()
@@ -234,15 +288,20 @@ class Executor:
         with contextlib.nullcontext(True) if lock is None else self.holding(lock) as free:
             if not free:
                 raise LockBusyError(f"job {job_id}: lock {lock!r} is held by another process")
-            with self.database.scope() as session:
-                job = jobs.claim_job(session, job_id, owner=self.owner, lease_s=self.lease_s,
-                                     max_attempts=MAX_ATTEMPTS.get(kind, DEFAULT_MAX_ATTEMPTS),
-                                     take_from=dead_owners(session))
+            job = self.claim(job_id, kind)
             return None if job is None else self.run(job, listener, lock=lock)
+
+    def claim(self, job_id: int, kind: str) -> Job | None:
+        """Lease job ``job_id`` (of ``kind``) to this executor, taking it over from a dead holder; ``None`` when it
+        is not claimable (finished, held by a live worker, or out of attempts: then it is marked failed)."""
+        with self.database.scope() as session:
+            return jobs.claim_job(session, job_id, owner=self.owner, lease_s=self.lease_s,
+                                  max_attempts=MAX_ATTEMPTS.get(kind, DEFAULT_MAX_ATTEMPTS),
+                                  take_from=dead_owners(session))
 
     def run(self, job: Job, listener: Listener | None = None, *, lock: str | None = None) -> Job:
         """Run a job this executor claimed, and finish it (succeeded, or failed with the error)."""
-        progress = JobProgress(self.context, job, self.owner, listener)
+        progress = JobProgress(self.context, job, self.owner, listener, executor=self)
         log.info("job %s (%s) attempt %s: started", job.id, job.kind, job.attempts)
         try:
             with _Heartbeat(self.database, progress, self.lease_s, lock):

@@ -7,6 +7,8 @@ stores the result in the table (Celery's result backend is not used). Messages a
 worker sweeps the table: jobs of its queue that a dead worker left running (lease expired, or a dead pid of this
 host) are queued again and published, so a killed worker's job is resumed by another, whatever the broker's
 visibility timeout. A job whose kind's lock is held elsewhere (a crawl while another crawls) is retried later.
+Children a job spawns (a crawl's shards) go to its queue, so every worker of the queue runs them, the parent's worker
+included while it waits for them (``JobProgress.join``).
 
     app = celery_app("redis://127.0.0.1:6379/0")
     job_id = submit_to(app, database, "crawl", params, queue="cuda-h200")
@@ -98,6 +100,8 @@ def run_worker(app: Celery, executor: Executor, *, queue: str, sweep_s: float | 
     ``sweep_s`` seconds (default: a third of the lease)."""
     global _executor
     _executor = executor
+    if executor.publish is None:
+        executor.publish = lambda job_id, to: publish(app, job_id, to)
     stopped = threading.Event()
     interval = sweep_s if sweep_s is not None else executor.lease_s / 3
 

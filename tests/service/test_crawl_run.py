@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,11 @@ PARAMS = {"models": list(MODELS), "budget": 3, "retrain_min": 2}
 
 
 def child(db_url: str, data_dir: Path, log: Path, kill: str = "", params: dict | None = None,
-          run: bool = True) -> Any:
-    """Run ``crawl_once`` in a child; ``kill``: ``measure:N`` (at the N-th measuring call) or ``progress:TEXT``;
-    ``schedule:N``: crawl every second on a cron schedule, and exit after N crawls."""
-    command = [sys.executable, __file__, db_url, str(data_dir), str(log), json.dumps(params or PARAMS), kill]
+          run: bool = True, device: str = "test") -> Any:
+    """Run ``crawl_once`` in a child (job kinds of ``synthetic_kinds``); ``kill``: ``measure:N`` (at the N-th
+    measuring call) or ``progress:TEXT``; ``schedule:N``: crawl every second on a cron schedule, and exit after N
+    crawls."""
+    command = [sys.executable, __file__, db_url, str(data_dir), str(log), json.dumps(params or PARAMS), kill, device]
     options = {"cwd": ROOT, "text": True, "env": {**os.environ, "PYTHONPATH": str(ROOT)}}
     if not run:
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
@@ -117,6 +119,46 @@ def test_a_crawl_killed_three_times_ends_like_an_uninterrupted_one_and_a_rerun_m
     database.dispose()
 
 
+def without_shards(state: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` with the crawl results' list of shard jobs left out (the one thing a sharded crawl adds)."""
+    results = [(status, json.loads(result)) for status, result in state["crawls"]]
+    return {**state, "crawls": sorted((status, json.dumps({k: v for k, v in r.items() if k != "shards"},
+                                                          sort_keys=True)) for status, r in results)}
+
+
+def test_a_crawl_in_shards_killed_in_one_ends_like_an_unsharded_one(tmp_path: Path) -> None:
+    reference, sharded = tmp_path / "reference", tmp_path / "sharded"
+    for folder in (reference, sharded):
+        folder.mkdir()
+        seed_demand(f"sqlite:///{folder / 'tunebank.db'}")
+    url = f"sqlite:///{reference / 'tunebank.db'}"
+    done = child(url, reference, reference / "measured.log")
+    assert done.returncode == 0, done.stderr
+    expected = snapshot(url, reference)
+
+    url, log = f"sqlite:///{sharded / 'tunebank.db'}", sharded / "measured.log"
+    killed = child(url, sharded, log, "shard:2:2", {**PARAMS, "shards": 3})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    done = child(url, sharded, log, params={**PARAMS, "shards": 3})
+    assert done.returncode == 0, done.stderr
+
+    state = snapshot(url, sharded)
+    assert without_shards(state) == without_shards(expected) and state["crawls"] != expected["crawls"]
+    assert len(measured(log)) == len(set(measured(log)))  # none twice
+    assert sorted(measured(log)) == sorted(measured(reference / "measured.log"))
+    database = Database(url)
+    with database.scope() as session:
+        (crawl,) = session.scalars(select(Job).where(Job.kind == "crawl"))
+        shards = list(session.scalars(select(Job).where(Job.kind == "crawl_shard").order_by(Job.id)))
+    database.dispose()
+    assert crawl.result["shards"] == [j.id for j in shards] and crawl.attempts == 2
+    assert [(j.status, j.attempts, j.params["crawl"]) for j in shards] == [
+        ("succeeded", 1, crawl.id), ("succeeded", 2, crawl.id), ("succeeded", 1, crawl.id)]
+    parts = [j.params["subgraphs"] for j in shards]  # every subgraph tuned, in one shard only
+    assert sorted(h for p in parts for h in p) == sorted({line.split()[0] for line in measured(log)})
+    assert len({h for p in parts for h in p}) == crawl.result["tuned"] and all(parts)
+
+
 def test_two_schedulers_on_one_database_never_crawl_at_once(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tunebank.db'}"
     seed_demand(url)
@@ -163,43 +205,78 @@ def test_a_crawl_on_postgresql_stores_once_and_a_rerun_measures_nothing(request,
     assert {status for _, status in state["demand"]} == {"crawled"} and state["baselines"]
 
 
-def main(db_url: str, data_dir: str, log: str, params: str, kill: str) -> None:
-    """The child: one ``crawl_once`` with the synthetic measurer; prints the job's result."""
+def synthetic_kinds(data_dir: Path, log: Path, kill: str = "", *, device: str = "test",
+                    delay_s: float = 0.0) -> Any:
+    """Job kinds ``crawl`` and ``crawl_shard`` measuring with the synthetic measurer, on the test device or (``device``
+    ``local``) under this machine's cpu name and toolchain, so that optimize finds what they stored. Each measured
+    recipe is appended to ``log`` as ``KEY RECIPE``, each measuring call takes ``delay_s`` more; ``kill`` ends the
+    process (SIGKILL) at the N-th measuring call (``measure:N``) or at the N-th measuring call of the S-th shard it
+    runs (``shard:S:N``)."""
+    from dataclasses import replace
+
     from embed.registry import Registry
-    from service.crawl_run import CrawlParams, run_crawl
-    from service.crawl_schedule import crawl_once
+    from service.crawl_run import CrawlParams, run_crawl, run_shard
     from service.embeddings import EncoderStore
-    from service.jobs import Executor, JobContext
-    from service.measure import Measurer
-    from tests.service.conftest import synthetic_measurer
+    from service.measure import MeasurementTable, Measurer
+    from tests.service.conftest import DEVICE, synthetic_measurer
 
     what, _, where = kill.partition(":")
-    calls = 0
+    calls, shards, shard_calls = 0, 0, 0
     synthetic = synthetic_measurer()
+    table = synthetic.table
+    if device == "local":
+        from service.devices import cpu_device, toolchain
+
+        here = cpu_device(repeats=1)  # its name and class; the peaks stay the test device's (the same in every run)
+        table = MeasurementTable(replace(DEVICE, name=here.name, device_class=here.device_class, arch=here.arch),
+                                 toolchain("cpu"))
 
     def run(task, recipes):  # noqa: ANN001, ANN202
-        nonlocal calls
-        calls += 1
-        if what == "measure" and calls == int(where):
+        nonlocal calls, shard_calls
+        calls, shard_calls = calls + 1, shard_calls + 1
+        if (what == "measure" and calls == int(where)) or (
+                what == "shard" and f"{shards}:{shard_calls}" == where):
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(delay_s)
         with open(log, "a") as out:
             out.writelines(f"{task.key} {r}\n" for r in recipes)
         return synthetic.run(task, recipes)
+
+    def measurer() -> Measurer:
+        return Measurer(type(table)(table.device, table.toolchain), run=run, eager_time=synthetic.eager_time)
+
+    def crawl(params: dict[str, Any], progress: Any) -> dict[str, Any]:
+        return run_crawl(progress.context.database, CrawlParams.from_params(params), measurer(),
+                         store=EncoderStore(Path(data_dir) / "encoders"), progress=progress)
+
+    def shard(params: dict[str, Any], progress: Any) -> dict[str, Any]:
+        nonlocal shards, shard_calls
+        shards, shard_calls = shards + 1, 0
+        try:
+            return run_shard(progress.context.database, params, measurer(), progress=progress)
+        finally:
+            shard_calls = -10**9  # the crawl's own measuring (cross table) is not a shard's
+
+    registry = Registry("job kind")
+    registry.register("crawl", crawl)
+    registry.register("crawl_shard", shard)
+    return registry
+
+
+def main(db_url: str, data_dir: str, log: str, params: str, kill: str, device: str = "test") -> None:
+    """The child: one ``crawl_once`` with the synthetic measurer; prints the job's result."""
+    from service.crawl_schedule import crawl_once
+    from service.jobs import Executor, JobContext
+
+    what, _, where = kill.partition(":")
 
     def listen(fraction: float, message: str) -> None:
         if what == "progress" and message.startswith(where):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def crawl(params: dict[str, Any], progress: Any) -> dict[str, Any]:
-        measurer = Measurer(synthetic.table, run=run, eager_time=synthetic.eager_time)
-        return run_crawl(progress.context.database, CrawlParams.from_params(params), measurer,
-                         store=EncoderStore(Path(data_dir) / "encoders"), progress=progress)
-
-    registry = Registry("job kind")
-    registry.register("crawl", crawl)
     database = Database(db_url)
     executor = Executor(JobContext(database, Path(data_dir), Path(data_dir) / "index"), kinds={"crawl"},
-                        registry=registry)
+                        registry=synthetic_kinds(Path(data_dir), Path(log), kill, device=device))
     if what == "schedule":
         schedule_crawls(executor, json.loads(params), int(where))
     job = crawl_once(executor, json.loads(params), listener=listen)
@@ -230,4 +307,4 @@ def schedule_crawls(executor: Any, params: dict[str, Any], crawls: int) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])

@@ -43,10 +43,21 @@ def boom(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
     raise ValueError("no good")
 
 
+def parent(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
+    """Spawns a ``steps`` job per entry of ``params["children"]`` (once: the checkpoint names them), joins them."""
+    if "children" not in progress.checkpoint:
+        with progress.database.scope() as session:
+            ids = [progress.spawn(session, "steps", child) for child in params["children"]]
+            progress.save({"children": ids}, session)
+    done = progress.join(progress.checkpoint["children"], poll_s=0.05)
+    return {"children": [[j.id, j.status] for j in done]}
+
+
 def registry() -> Registry:
     kinds = Registry("job kind")
     kinds.register("steps", steps)
     kinds.register("boom", boom)
+    kinds.register("parent", parent)
     return kinds
 
 
@@ -201,3 +212,40 @@ def test_the_embedded_executor_runs_submitted_jobs_in_the_background(tmp_path: P
         run.stop()
     assert (job.status, job.result["pid"]) == ("succeeded", os.getpid())
     database.dispose()
+
+
+def test_a_parent_runs_the_children_it_can_and_waits_for_those_another_worker_holds(tmp_path: Path) -> None:
+    import threading
+
+    database = Database(f"sqlite:///{tmp_path / 'tunebank.db'}")
+    upgrade(database.engine)
+    log = tmp_path / "steps.log"
+    children = [{"steps": 2, "log": str(log), "name": name, "delay_s": 0.2} for name in ("a", "b")]
+    with database.scope() as session:
+        parent_id = jobs.enqueue(session, "parent", {"children": children, "_queue": "q"}).id
+    here, other = executor(database, tmp_path), executor(database, tmp_path)
+    published: list[tuple[int, str]] = []
+    here.publish = lambda job_id, queue: published.append((job_id, queue))
+
+    def another_worker() -> None:  # takes child b while the parent runs child a, finishes it later
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with database.scope() as session:
+                b = [j for j in jobs.list_jobs(session, kind="steps") if j.params["name"] == "b"]
+            claimed = other.claim(b[0].id, "steps") if b else None
+            if claimed is not None:
+                time.sleep(0.5)
+                other.run(claimed)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=another_worker)
+    thread.start()
+    done = here.run_id(parent_id)
+    thread.join()
+    with database.scope() as session:
+        a, b = sorted(jobs.list_jobs(session, kind="steps"), key=lambda j: j.id)
+    database.dispose()
+    assert done is not None and done.result == {"children": [[a.id, "succeeded"], [b.id, "succeeded"]]}
+    assert (a.params["_queue"], b.params["_queue"]) == ("q", "q") and published == [(a.id, "q"), (b.id, "q")]
+    assert done.finished_at >= b.finished_at and sorted(log.read_text().splitlines()) == ["a 0", "a 1", "b 0", "b 1"]

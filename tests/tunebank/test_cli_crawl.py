@@ -60,6 +60,8 @@ def test_crawl_tunes_zoo_models_and_onnx_folders_once(tmp_path: Path, env: dict[
     (["--models", "gcn", "--strategy", "transfer"], "unknown strategy"),
     (["--models", "gcn", "--schedule", "0 2 * *"], "a schedule has 5 fields"),
     (["--models", "gcn", "--schedule", "0 25 * * *"], "25"),
+    (["--models", "gcn", "--shards", "2"], "give --queue QUEUE too"),
+    (["--models", "gcn", "--queue", "cpu", "--schedule", "0 2 * * *"], "--schedule runs crawls here"),
 ])
 def test_bad_input_ends_with_one_line(args: list[str], message: str, env: dict[str, str]) -> None:
     result = runner.invoke(app, ["crawl", "--no-demand", "--backend", "cpu", *args], env=env)
@@ -77,22 +79,26 @@ def test_a_crawl_already_running_is_not_started_twice(tmp_path: Path, env: dict[
     database.dispose()
 
 
-def test_a_submitted_crawl_is_queued_for_a_worker(tmp_path: Path, env: dict[str, str]) -> None:
+@pytest.mark.parametrize(("args", "shards", "split"), [
+    ([], 0, "in shards of 8 subgraphs"), (["--shards", "3"], 3, "in 3 shards"), (["--shards", "1"], 1, "not split")])
+def test_a_crawl_on_a_queue_is_published_for_its_workers_in_shards(
+        tmp_path: Path, env: dict[str, str], args: list[str], shards: int, split: str) -> None:
     import redis
 
     from tests.service.test_jobs_celery import BROKER, _require_redis
 
     _require_redis()
     queue = f"test-{secrets.token_hex(4)}"
-    result = runner.invoke(app, ["crawl", "--models", "gcn", "--submit", queue],
+    result = runner.invoke(app, ["crawl", "--models", "gcn", "--queue", queue, *args],
                            env={**env, "TUNEBANK_BROKER_URL": BROKER})
     assert result.exit_code == 0, result.output
     database = Database(f"sqlite:///{tmp_path / 'tunebank.db'}")
     with database.scope() as session:
         (job,) = jobs.list_jobs(session, kind="crawl")
-        assert (job.status, job.params["backend"], job.params["_queue"]) == ("queued", "auto", queue)
+        assert (job.status, job.params["backend"], job.params["_queue"], job.params["shards"]) == (
+            "queued", "auto", queue, shards)
     database.dispose()
-    assert f"crawl job {job.id} published to queue {queue!r}" in result.output
+    assert f"crawl job {job.id} published to queue {queue!r} ({split})" in result.output
     client = redis.Redis.from_url(BROKER)
     try:
         assert client.llen(queue) == 1

@@ -1,6 +1,7 @@
 """``tunebank crawl``: fill the database on this machine's device: the demand queue, zoo models, ONNX files in the
 configured folders; resumable (a crawl killed at any point goes on where it stopped when run again), one at a time
-across processes, now or on a cron schedule (``--schedule "0 2 * * *"``)."""
+across processes, now or on a cron schedule (``--schedule "0 2 * * *"``). With ``--queue QUEUE`` the crawl is
+published to the Celery workers of QUEUE instead, split into ``--shards`` jobs they run in parallel."""
 
 import contextlib
 import json
@@ -17,7 +18,7 @@ from db.errors import DbError
 from db.migrate import check_schema
 from db.session import Database
 from embed.zoo import FAMILIES, families
-from service.crawl_run import CrawlParams
+from service.crawl_run import SHARD_SUBGRAPHS, CrawlParams
 from service.crawl_schedule import CrawlBusyError, crawl_once, cron_trigger, schedule
 from service.jobs import Executor, JobContext
 from transforms.backends import BackendUnavailableError, resolve_backend
@@ -35,7 +36,8 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def _params(models: str, families_: str, sizes: str, onnx_dirs: tuple[str, ...], demand: bool, backend: str,
-            strategy: str, budget: int, seed: int, cross: bool, retrain_min: int, *, here: bool) -> CrawlParams:
+            strategy: str, budget: int, seed: int, cross: bool, retrain_min: int, *, here: bool,
+            shards: int | None) -> CrawlParams:
     chosen = _csv(families_)
     strange = [m for m in _csv(models) if m.partition("-")[0] not in FAMILIES]
     if strange:
@@ -47,13 +49,15 @@ def _params(models: str, families_: str, sizes: str, onnx_dirs: tuple[str, ...],
         fail(f"bad --sizes {sizes!r}; use default, grid, or N (the first N sizes of each family)")
     if strategy not in strategies.names() or strategy == "given_candidates":
         fail(f"unknown strategy {strategy!r}; choose one of: exhaustive, random, evolutionary")
+    if here and shards is not None:
+        fail("--shards splits a crawl between the workers of a queue; give --queue QUEUE too")
     try:
         backend = resolve_backend(backend) if here else backend  # a submitted crawl resolves it on its worker
     except (ValueError, BackendUnavailableError) as e:
         fail(str(e))
     return CrawlParams(models=_csv(models), families=chosen, sizes=sizes, onnx_dirs=onnx_dirs, demand=demand,
                        backend=backend, strategy=strategy, budget=budget, seed=seed, cross=cross,
-                       retrain_min=retrain_min)
+                       retrain_min=retrain_min, shards=1 if here else 0 if shards is None else shards)
 
 
 def _summary(job: Any, seconds: float) -> Table:
@@ -137,18 +141,26 @@ def crawl_command(
     schedule_: Annotated[str | None, typer.Option(
         "--schedule", help="cron expression, e.g. '0 2 * * *': keep running and crawl on it")] = None,
     wait: Annotated[bool, typer.Option(help="when another crawl is running, wait for it instead of exiting")] = False,
-    submit: Annotated[str | None, typer.Option(
-        help="publish the crawl to this queue for `tunebank worker --queue QUEUE` instead of running it here")] = None,
+    queue: Annotated[str | None, typer.Option(
+        help="publish the crawl to the workers of this queue (`tunebank worker --queue QUEUE`) instead of running "
+             "it here")] = None,
+    shards: Annotated[int | None, typer.Option(
+        min=0, help=f"with --queue: jobs the subgraphs to tune are split into, run in parallel by the queue's workers "
+                    f"(default 0: one per {SHARD_SUBGRAPHS} subgraphs; 1: not split)")] = None,
+    submit: Annotated[str | None, typer.Option(hidden=True, help="the former name of --queue")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Tune what is not yet in the database for this device and toolchain (demand queue, zoo models, ONNX folders),
     cross-apply best recipes, and retrain the learned encoder when enough new data arrived."""
     settings = Settings()
+    queue = queue or submit
     dirs = tuple(dict.fromkeys([*settings.crawl_dir_list, *(onnx_dir or [])]))
     params = _params(models, families_, sizes, dirs, demand, backend, strategy, budget, seed, cross, retrain_min,
-                     here=submit is None)
+                     here=queue is None, shards=shards)
     if not (params.models or params.families or params.onnx_dirs or params.demand):
         fail("nothing to crawl: give --models, --families, --onnx-dir (or TUNEBANK_CRAWL_DIRS), or --demand")
+    if schedule_ is not None and queue is not None:
+        fail("--schedule runs crawls here; to crawl on a queue's workers nightly, schedule `tunebank crawl --queue`")
     if schedule_ is not None:
         try:
             cron_trigger(schedule_)
@@ -162,11 +174,13 @@ def crawl_command(
     executor = Executor(JobContext(database, settings.data_dir, settings.index_dir), kinds={"crawl"},
                         lease_s=settings.job_lease_s)
     try:
-        if submit is not None:
+        if queue is not None:
             from service.jobs_celery import celery_app, submit_to
 
-            job_id = submit_to(celery_app(settings.broker_url), database, "crawl", params.to_params(), queue=submit)
-            console.print(f"crawl job {job_id} published to queue {submit!r}", markup=False)
+            job_id = submit_to(celery_app(settings.broker_url), database, "crawl", params.to_params(), queue=queue)
+            split = "not split" if params.shards == 1 else (
+                f"in {params.shards} shards" if params.shards else f"in shards of {SHARD_SUBGRAPHS} subgraphs")
+            console.print(f"crawl job {job_id} published to queue {queue!r} ({split})", markup=False)
         elif schedule_ is None:
             _once(executor, params, wait=wait, as_json=as_json)
         else:
