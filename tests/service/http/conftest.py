@@ -1,6 +1,7 @@
 """The app in-process over a fresh SQLite database (jobs left in the table unless a test runs them), and API keys."""
 
 import os
+import secrets
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -34,13 +35,33 @@ class Api:
         return {"Authorization": f"Bearer {secret}", "x-key-id": str(key_id)}
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database on each backend: an SQLite file, or a new schema on the local PostgreSQL server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tunebank.db'}"
+        return
+    import psycopg
+
+    from tests.db.conftest import PG_SERVER, _require_postgres, pg_url
+
+    _require_postgres()
+    schema = f"tb_http_{os.getpid()}_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_SERVER, autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA "{schema}"')
+    yield pg_url(schema)
+    with psycopg.connect(PG_SERVER, autocommit=True) as connection:
+        connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 @pytest.fixture
-def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
-    """``make_api(**config) -> Api``: the app over a migrated SQLite database in ``tmp_path``."""
+def make_api(tmp_path: Path, database_url: str) -> Iterator[Callable[..., Api]]:
+    """``make_api(**config) -> Api``: the app over the migrated database of ``database_url`` (shared by every app
+    the test makes), files in ``tmp_path``."""
     made: list[tuple[TestClient, Database]] = []
 
     def make(**overrides: object) -> Api:
-        database = Database(f"sqlite:///{tmp_path / 'tunebank.db'}")
+        database = Database(database_url)
         upgrade(database.engine)
         config = ServerConfig(database_url=database.url, data_dir=tmp_path, index_dir=tmp_path / "index",
                               executor="none", backend="cpu", open_access=False)
