@@ -34,6 +34,7 @@ class AppState:
     _target: Target | None = None
     _indexes: dict[IndexKey, VectorIndex] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    submitting: threading.Lock = field(default_factory=threading.Lock)  # one job submission at a time
 
     def target(self) -> Target:
         """This machine's backend, device class and toolchain (the device is measured once, on first use)."""

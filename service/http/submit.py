@@ -1,5 +1,7 @@
 """Optimize jobs from the API: one per (owner, model bytes, device class, toolchain). The same model sent again
-for the same device and toolchain gets the job already queued, running or done, instead of tuning it again.
+for the same device and toolchain gets the job already queued, running or done, instead of tuning it again (also when
+both arrive at once: the check and the insert run under a lock of this process and, on PostgreSQL, an advisory lock
+on the request, which serializes the API's replicas).
 
 Jobs run where the config says: ``embedded`` (the app's executor thread claims them from the table), ``celery``
 (published to the queue named by the device class), ``none`` (left in the table for ``tunebank worker``)."""
@@ -8,7 +10,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from db.models import Job
 from db.repositories import jobs
@@ -49,7 +51,9 @@ def submit_optimize(state: AppState, principal: Principal, upload: Upload, *, de
         queue, backend, where = None, target.backend, f"{target.device_class}|{target.toolchain}"
     request_key = hashlib.sha256(f"optimize|{upload.digest}|{where}".encode()).hexdigest()
     JOB_KINDS.get("optimize")
-    with state.database.scope() as session:
+    with state.submitting, state.database.scope() as session:
+        if session.get_bind().dialect.name == "postgresql":  # API replicas: one submission of a request at a time
+            session.execute(select(func.pg_advisory_xact_lock(func.hashtext(request_key))))
         existing = session.scalar(select(Job.id).where(
             Job.kind == "optimize", Job.request_key == request_key, owned_by(principal), Job.status.in_(LIVE))
             .order_by(Job.id.desc()).limit(1))

@@ -125,3 +125,40 @@ def test_bad_form_fields_are_422(api: Api) -> None:
     _error(api.client.post("/v1/optimize", files={"model": ("m", IR)}, data={"format": "pickle"}, headers=headers),
            422)
     assert _jobs(api) == 0
+
+
+class _Broker:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[int], str]] = []
+
+    def send_task(self, name: str, args: list[int], queue: str) -> None:
+        self.sent.append((name, args, queue))
+
+
+def test_with_celery_a_job_goes_to_the_queue_of_its_device_class(make_api) -> None:
+    api = make_api(executor="celery", default_queue="cuda-h200")
+    broker = api.client.app.state.tunebank.celery = _Broker()
+    headers = api.key("optimize")
+    first = api.client.post("/v1/optimize", files={"model": ("lm.json", IR)}, headers=headers).json()["job_id"]
+    other = api.client.post("/v1/optimize", files={"model": ("lm.json", IR)}, data={"device_class": "cuda-h100"},
+                            headers=headers).json()["job_id"]
+    again = api.client.post("/v1/optimize", files={"model": ("lm.json", IR)}, data={"device_class": "cuda-h100"},
+                            headers=headers)
+    assert again.status_code == 200 and again.json()["job_id"] == other
+    assert [(args, queue) for _, args, queue in broker.sent] == [([first], "cuda-h200"), ([other], "cuda-h100")]
+    with api.database.scope() as session:
+        assert session.get(Job, other).params["_queue"] == "cuda-h100"  # the embedded executor leaves it alone
+    no_queue = make_api(executor="celery")
+    detail = _error(no_queue.client.post("/v1/optimize", files={"model": ("lm.json", IR)}, headers=headers), 422)
+    assert "device_class" in detail
+
+
+def test_two_identical_submissions_at_once_make_one_job(api: Api) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    headers = api.key("optimize")
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: api.client.post("/v1/optimize", files={"model": ("lm.json", IR)},
+                                                          headers=headers), range(4)))
+    assert sorted(a.status_code for a in answers) == [200, 200, 200, 202]
+    assert len({a.json()["job_id"] for a in answers}) == 1 and _jobs(api) == 1
