@@ -76,3 +76,17 @@ def test_a_key_sees_only_its_own_jobs(api: Api) -> None:
     assert _error(api.client.get(f"/v1/jobs/{job_id}/plan", headers=bob)) == (404, "not found")
     assert api.client.get("/v1/jobs", headers=bob).json() == {"jobs": [], "total": 0, "limit": 20, "offset": 0,
                                                               "next_offset": None}
+
+
+def test_the_dashboard_is_mounted_at_the_root_behind_the_admin_scope(api: Api) -> None:
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("jinja2") is None or importlib.util.find_spec("service.dashboard") is None:
+        pytest.skip("the dashboard (service.dashboard, Jinja2) is not installed")
+    admin, read = api.key("admin"), api.key("read")
+    assert api.client.get("/").status_code == 401
+    assert api.client.get("/", headers=read).status_code == 403
+    page = api.client.get("/", headers=admin)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
