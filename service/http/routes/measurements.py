@@ -36,7 +36,7 @@ class MeasurementBody(BaseModel):
     toolchain: str = Field(min_length=1, max_length=200)
     median_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     spread_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    repeats: int = Field(default=0, ge=0)
+    repeats: int = Field(default=0, ge=0, le=2**31 - 1)
     ok: bool = True
     error_kind: str | None = Field(default=None, max_length=50)
     measured_at: dt.datetime | None = None

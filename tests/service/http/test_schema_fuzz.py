@@ -30,6 +30,6 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _app)
 
 
 @schema.parametrize()
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_no_request_gets_a_500(case) -> None:
     case.call_and_validate(checks=[not_a_server_error])
