@@ -88,8 +88,8 @@ def test_ingest_is_idempotent_and_refuses_unknown_subgraphs(crawled: Api, tiny_s
     unknown = {"measurements": [{**records[0], "subgraph": "e" * 64}]}
     response = crawled.client.post("/v1/measurements", json=unknown, headers=headers)
     assert response.status_code == 422 and "unknown subgraph" in response.json()["detail"]
-    for bad in ({**records[0], "median_s": -1.0}, {**records[0], "surprise": 1}, {**records[0], "ok": True,
-                                                                                   "median_s": None}):
+    for bad in ({**records[0], "median_s": -1.0}, {**records[0], "surprise": 1},
+                {**records[0], "ok": True, "median_s": None}, {**records[0], "recipe": "tile(p0,"}):
         response = crawled.client.post("/v1/measurements", json={"measurements": [bad]}, headers=headers)
         assert response.status_code == 422 and set(response.json()) == {"error", "detail"}, bad
     assert stored() == 3
