@@ -193,6 +193,17 @@ def test_version() -> None:
     assert result.exit_code == 0 and result.stdout.startswith("tunebank ")
 
 
+def test_version_from_a_source_tree_that_was_never_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout == "tunebank (source tree, not installed)\n"
+
+
 def test_embed_train_lists_known_devices_for_an_unknown_one(tmp_path: Path) -> None:
     env = {"TUNEBANK_DATA_DIR": str(tmp_path)}
     assert runner.invoke(app, ["db", "upgrade"], env=env).exit_code == 0

@@ -30,9 +30,12 @@ app.add_typer(keys.app, name="keys")
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
-        typer.echo(f"tunebank {version('tunebank')}")
+        try:
+            typer.echo(f"tunebank {version('tunebank')}")
+        except PackageNotFoundError:  # run from a source tree (python -m tunebank) that pip never installed
+            typer.echo("tunebank (source tree, not installed)")
         raise typer.Exit()
 
 
