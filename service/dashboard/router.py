@@ -56,23 +56,26 @@ def dashboard_router(database: Database, *, prefix: str = "", dependencies: Sequ
 
     Pages: ``/`` (coverage, recent models and jobs), ``/jobs/{id}`` (a job and its per-subgraph report), ``/map``
     (the embedding space in 2-D). They show every job and model in the database: when the app is reachable by more
-    than its operator, pass an authentication dependency in ``dependencies``. ``prefix`` mounts the pages below a
-    path (e.g. ``/dashboard``). Pages are left out of the OpenAPI schema."""
+    than its operator, pass an authentication dependency in ``dependencies``. It guards the pages only: the static
+    files (``/static/dashboard/...``: Chart.js, the stylesheet, the script) are the package's own, hold no data and
+    are public, so loading them costs no request of a key's rate limit. ``prefix`` mounts the pages below a path
+    (e.g. ``/dashboard``). Pages are left out of the OpenAPI schema."""
     env = _environment()
     statics = {p.relative_to(STATIC).as_posix(): p for p in STATIC.rglob("*") if p.is_file()}
-    router = APIRouter(prefix=prefix, dependencies=list(dependencies), include_in_schema=False)
+    router = APIRouter(prefix=prefix, include_in_schema=False)
+    guarded = list(dependencies)
 
     def page(template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         html = env.get_template(template).render(base=prefix, **context)
         return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
 
-    @router.get("/", response_class=HTMLResponse, name="dashboard_home")
+    @router.get("/", response_class=HTMLResponse, name="dashboard_home", dependencies=guarded)
     def home() -> HTMLResponse:
         with database.scope() as session:
             data = views.overview(session, jobs=max_jobs, models=max_models)
         return page("index.html", view=data)
 
-    @router.get("/jobs/{job_id}", response_class=HTMLResponse, name="dashboard_job")
+    @router.get("/jobs/{job_id}", response_class=HTMLResponse, name="dashboard_job", dependencies=guarded)
     def job(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)]) -> HTMLResponse:
         with database.scope() as session:
             row = views.get_job(session, job_id)
@@ -83,7 +86,7 @@ def dashboard_router(database: Database, *, prefix: str = "", dependencies: Sequ
                  "eager": [s.eager_s for s in detail.subgraphs], "tuned": [s.kernel_s for s in detail.subgraphs]}
         return page("job.html", job=detail, chart=chart)
 
-    @router.get("/map", response_class=HTMLResponse, name="dashboard_map")
+    @router.get("/map", response_class=HTMLResponse, name="dashboard_map", dependencies=guarded)
     def embedding_space(device_class: Annotated[str | None, Query(max_length=100)] = None,
                         encoder: Annotated[str | None, Query(max_length=100)] = None,
                         version: Annotated[str | None, Query(max_length=50)] = None) -> HTMLResponse:

@@ -1,6 +1,7 @@
 """The app factory: routes under ``/v1``, health and metrics, the error handler, the request limits, and (on start)
 the database and the job executor the config names. The web dashboard (``service.dashboard``) is mounted at ``/``
-behind the ``admin`` scope when that package is installed.
+behind the ``admin`` scope, with HTTP Basic sign-in for browsers (``require("admin", browser=True)``), when that
+package is installed.
 
     app = create_app(ServerConfig(database_url="sqlite:////data/tunebank.db", data_dir=Path("/data"), ...))
     uvicorn.run(app, host="127.0.0.1", port=8000)
@@ -89,4 +90,4 @@ def _mount_dashboard(app: FastAPI, database: Database) -> None:
     except ImportError as e:  # its own dependencies (Jinja2) are not installed
         log.warning("the web dashboard is not served: %s", e)
         return
-    app.include_router(dashboard_router(database, dependencies=[require("admin")]))
+    app.include_router(dashboard_router(database, dependencies=[require("admin", browser=True)]))

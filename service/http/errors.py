@@ -34,8 +34,8 @@ class BadRequest(ApiError):
 class Unauthorized(ApiError):
     status, error = 401, "unauthorized"
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
+    def __init__(self, detail: str, *, challenge: str = "Bearer") -> None:
+        super().__init__(detail, headers={"WWW-Authenticate": challenge})
 
 
 class Forbidden(ApiError):

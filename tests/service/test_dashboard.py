@@ -217,3 +217,6 @@ def test_a_prefix_and_an_auth_dependency(seeded):
     page = client.get("/dashboard/", headers={"authorization": "Bearer admin"})
     assert page.status_code == 200 and 'href="/dashboard/jobs/' in page.text
     assert 'src="/dashboard/static/dashboard/vendor/chart.umd.min.js"' in page.text
+    for name in ("vendor/chart.umd.min.js", "dashboard.js", "dashboard.css"):  # the package's files: public
+        assert client.get(f"/dashboard/static/dashboard/{name}").status_code == 200
+    assert client.get("/dashboard/map").status_code == 401 and client.get("/dashboard/jobs/2").status_code == 401

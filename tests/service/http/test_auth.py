@@ -1,6 +1,11 @@
 """API keys at the edge: missing, unknown and revoked keys (401), scopes (403), the rate limit (429), open access only
 while no key exists, and a key that sees only its own jobs (404 for another's)."""
 
+import base64
+import importlib.util
+
+import pytest
+
 from db.repositories import jobs
 from db.repositories.api_keys import revoke_api_key
 from tests.service.http.conftest import Api
@@ -78,15 +83,72 @@ def test_a_key_sees_only_its_own_jobs(api: Api) -> None:
                                                               "next_offset": None}
 
 
-def test_the_dashboard_is_mounted_at_the_root_behind_the_admin_scope(api: Api) -> None:
-    import importlib.util
-
-    import pytest
-
+def _dashboard_or_skip() -> None:
     if importlib.util.find_spec("jinja2") is None or importlib.util.find_spec("service.dashboard") is None:
         pytest.skip("the dashboard (service.dashboard, Jinja2) is not installed")
+
+
+def _basic(secret: str, user: str = "anyone") -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()}
+
+
+def _secret(headers: dict[str, str]) -> str:
+    return headers["Authorization"].removeprefix("Bearer ")
+
+
+def test_the_dashboard_is_mounted_at_the_root_behind_the_admin_scope(api: Api) -> None:
+    _dashboard_or_skip()
     admin, read = api.key("admin"), api.key("read")
     assert api.client.get("/").status_code == 401
     assert api.client.get("/", headers=read).status_code == 403
     page = api.client.get("/", headers=admin)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
+def test_a_browser_signs_in_to_the_dashboard_with_the_key_as_basic_password(api: Api) -> None:
+    _dashboard_or_skip()
+    admin, read = api.key("admin"), api.key("read")
+    refused = api.client.get("/")
+    assert _error(refused) == (401, "unauthorized") and "password" in refused.json()["detail"]
+    assert refused.headers["www-authenticate"] == 'Basic realm="tunebank"'  # the browser asks for a user and key
+    for user in ("admin", "", "ü ber"):  # any user name; the key is the password
+        page = api.client.get("/", headers=_basic(_secret(admin), user))
+        assert page.status_code == 200 and 'data-count="subgraphs"' in page.text
+    assert api.client.get("/map", headers=_basic(_secret(admin))).status_code == 200
+    assert _error(api.client.get("/", headers=_basic(_secret(read)))) == (403, "forbidden")
+    assert api.client.get("/", headers=admin).status_code == 200  # Bearer still works (a proxy, a script)
+    for header in ("Basic " + base64.b64encode(b"admin:tb_not-a-key").decode(),  # unknown key
+                   "Basic " + base64.b64encode(_secret(admin).encode()).decode(),  # no colon: no password
+                   "Basic " + base64.b64encode(b"admin:").decode(), "Basic %%%", "Basic", "Digest abc"):
+        response = api.client.get("/", headers={"Authorization": header})
+        assert _error(response) == (401, "unauthorized"), header
+        assert response.headers["www-authenticate"] == 'Basic realm="tunebank"', header
+
+
+def test_a_revoked_key_no_longer_opens_the_dashboard(api: Api) -> None:
+    _dashboard_or_skip()
+    admin = api.key("admin")
+    assert api.client.get("/", headers=_basic(_secret(admin))).status_code == 200
+    with api.database.scope() as session:
+        revoke_api_key(session, int(admin["x-key-id"]))
+    response = api.client.get("/", headers=_basic(_secret(admin)))
+    assert _error(response) == (401, "unauthorized") and "revoked" in response.json()["detail"]
+    assert response.headers["www-authenticate"] == 'Basic realm="tunebank"'
+
+
+def test_the_api_takes_bearer_keys_only(api: Api) -> None:
+    admin = api.key("admin")
+    response = api.client.get("/v1/stats", headers=_basic(_secret(admin)))
+    assert _error(response) == (401, "unauthorized") and response.headers["www-authenticate"] == "Bearer"
+    assert api.client.get("/v1/stats", headers=admin).status_code == 200
+
+
+def test_the_dashboards_static_files_are_public_and_cost_no_rate_limit(make_api) -> None:
+    _dashboard_or_skip()
+    api = make_api(rate_limit_per_minute=2)
+    admin = _basic(_secret(api.key("admin")))
+    for path in ("/static/dashboard/vendor/chart.umd.min.js", "/static/dashboard/dashboard.css",
+                 "/static/dashboard/dashboard.js"):
+        for headers in ({}, admin, admin):  # what a browser loads with each page, signed in or not
+            assert api.client.get(path, headers=headers).status_code == 200, path
+    assert [api.client.get("/", headers=admin).status_code for _ in range(3)] == [200, 200, 429]  # pages count
