@@ -31,7 +31,8 @@ executable order: every subgraph comes after those that produce its inputs.
 """
 
 import heapq
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from embed.canonical import canonicalize_with_names, family_hash, structural_hash
 from embed.ir import Graph, Node, Tensor, TensorRole, validated
@@ -295,7 +296,23 @@ class _Partitioner:
 
 def partition(graph: Graph) -> list[Subgraph]:
     """Cut ``graph`` into tuning units, in an executable order (rules in the module docstring)."""
+    return [sub for sub, _ in partition_nodes(graph)]
+
+
+def partition_nodes(graph: Graph) -> list[tuple[Subgraph, tuple[int, ...]]]:
+    """:func:`partition`, each subgraph with the indices of its nodes in ``graph``."""
     state = _Partitioner(graph)
     state.claim_prologues()
     state.fuse()
-    return [state.subgraph(group, k) for k, group in enumerate(state.ordered_groups())]
+    return [(state.subgraph(group, k), tuple(sorted(group.nodes))) for k, group in enumerate(state.ordered_groups())]
+
+
+def merged_subgraph(graph: Graph, nodes: Iterable[int], kind: SubgraphKind, index: int = 0) -> Subgraph:
+    """The subgraph of ``graph`` made of ``nodes`` (a union of :func:`partition_nodes`' groups that a plan runs as
+    one kernel: a layout subgraph folded into its neighbour), of ``kind`` (the neighbour's). The caller makes sure
+    the union is convex (no path leaves it and comes back)."""
+    state = _Partitioner(graph)
+    first, *rest = sorted(set(nodes))
+    for i in rest:
+        state._merge(first, i)
+    return replace(state.subgraph(state.groups[first], index), kind=kind)

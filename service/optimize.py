@@ -20,6 +20,14 @@ The eager implementation is always a candidate: a kernel is chosen only when it 
 whole and timed (``service.model_timing``) in each way it can run: the plan, on cuda with and without one CUDA
 graph, and the all-eager plan in one CUDA graph; the fastest is kept, and when none beats the model run eagerly,
 the plan becomes all-eager without a graph (which is eager): a plan is never slower than eager as a whole either.
+
+Layout subgraphs (transpose, reshape, slice, ...) cost nothing where they can: before the model is timed, each one
+next to a kernel step is tried folded into it (``transforms.plan.fold_side``: into the store of the kernel it
+reads, or the loads of the kernel that alone reads it), the kernel regenerated from the merged subgraph with the
+same recipe, validated and timed; the fold is kept when that kernel is not slower than the kernel and the layout
+step as they were timed apart, by more than ``fold_margin`` (5%: the per-subgraph times leave out what a step costs
+in the plan, a launch, an output allocation, a copy of a strided view before a kernel, which a fold saves). A layout
+step left eager is a view where no data moves.
 """
 
 from __future__ import annotations
@@ -43,9 +51,9 @@ from db.session import Database
 from embed.encoders import Encoder, FeatureSet
 from embed.errors import EmbedError
 from embed.ir import Graph
-from embed.partition import partition
+from embed.partition import partition_nodes
 from embed.profile import DeviceSpec
-from embed.subgraph import Subgraph
+from embed.subgraph import Subgraph, SubgraphKind
 from service.crawl import profile_vector
 from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
 from service.measure import MeasurementTable, Measurer, live_measurer
@@ -54,11 +62,13 @@ from service.optimize_report import OptimizeReport, SubgraphReport
 from service.store import static_vector
 from service.transfer import Neighbour, neighbours, transfer_from
 from service.whole_model import choose_runtime
-from transforms.plan import Plan, Step, Target, content_hash, kernel_step
+from transforms.plan import Parts, Plan, Step, Target, content_hash, fold_side, kernel_step, step_subgraph
 from transforms.plan_runtime import PlanModule
+from transforms.recipe import parse
 from transforms.run import Worker
 from transforms.schedule import ScheduleError
 from transforms.tune import Task, make_task
+from transforms.views import fold_layout
 
 ENCODER_PREFERENCE = ("learned", "static+profiled", "static")
 Progress = Callable[[int, int, str], None]  # (subgraphs done, distinct subgraphs, what is running)
@@ -69,7 +79,8 @@ class OptimizeConfig:
     """Knobs of one optimize run. ``margin``: how much faster than eager a kernel must be to be chosen;
     ``far_distance``: a nearest neighbour farther than this (in the encoder's distance) queues the subgraph for the
     crawler; ``model_calls``: calls timed per whole-model measurement; ``model_margin``: how much faster than eager
-    the whole plan must be to be kept (whole-model timings move by a percent or two between runs)."""
+    the whole plan must be to be kept (whole-model timings move by a percent or two between runs); ``fold_margin``:
+    how much slower than a kernel and a layout step timed apart their merged kernel may be and still be kept."""
 
     k: int = 5
     margin: float = 0.05
@@ -81,6 +92,7 @@ class OptimizeConfig:
     model_calls: int = 50
     model_margin: float = 0.02
     compare_compile: bool = True
+    fold_margin: float = 0.05
 
 
 @dataclass
@@ -123,7 +135,8 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     check_schema(ctx.database.engine)
     stages = _Stages()
     started = time.perf_counter()
-    subgraphs = partition(graph)
+    parts = partition_nodes(graph)
+    subgraphs = [s for s, _ in parts]
     distinct = {s.structural_hash: s for s in subgraphs}
     store = MeasurementStore(ctx.database, ctx.device, ctx.toolchain, list(distinct.values()))
     with ctx.database.scope() as session:
@@ -149,9 +162,15 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     report.measured = measurer.evaluations
     started = time.perf_counter()
     chosen = {r.structural_hash: r for r in report.subgraphs}
-    steps = tuple(kernels.plan_step(s, chosen[s.structural_hash]) for s in subgraphs)
+    steps = [kernels.plan_step(s, chosen[s.structural_hash]) for s in subgraphs]
+    folder = _Folder(graph, parts, chosen, ctx.backend,
+                     live_measurer(MeasurementTable(ctx.device, ctx.toolchain), backend=ctx.backend,
+                                   cache_dir=ctx.cache_dir, worker=worker, repeats=config.repeats), config.seed,
+                     config.fold_margin)
+    steps = folder.fold(steps)
+    report.measured += folder.measurer.evaluations
     target = Target(ctx.backend, ctx.device.name, ctx.device.device_class, ctx.device.arch, ctx.toolchain)
-    plan = Plan(graph, steps, target)
+    plan = Plan(graph, tuple(steps), target)
     stages.add("plan", started)
     module = None
     if config.time_model:
@@ -189,6 +208,55 @@ class _Kernels:
         """The kernel ``row`` chose, or the eager step."""
         chosen = self.step(subgraph, row.recipe) if row.choice == "kernel" and row.recipe is not None else None
         return chosen or Step(subgraph.structural_hash, "eager")
+
+
+class _Folder:
+    """Layout steps folded into a neighbouring kernel step where that validates and is faster (module docstring).
+    Fold measurements are keyed by the merged subgraph but not stored: its kernel runs the folded program, which
+    its own structural hash does not say."""
+
+    def __init__(self, graph: Graph, parts: Parts, chosen: Mapping[str, SubgraphReport], backend: str,
+                 measurer: Measurer, seed: int, margin: float) -> None:
+        self.graph, self.parts, self.backend, self.measurer, self.seed = graph, parts, backend, measurer, seed
+        self.margin = margin
+        self.seconds = [_step_seconds(chosen[s.structural_hash]) for s, _ in parts]
+
+    def fold(self, steps: list[Step]) -> list[Step]:
+        for j, (sub, _) in enumerate(self.parts):
+            if sub.kind != SubgraphKind.LAYOUT or steps[j].impl == "folded" or self.seconds[j] is None:
+                continue
+            best: tuple[float, int, Step] | None = None
+            for k, step in enumerate(steps):
+                apart = self.seconds[k]
+                if step.impl != "kernel" or apart is None or fold_side(self.graph, self.parts, k, j) is None:
+                    continue
+                made = self._try(step, k, (*step.folded, j))
+                limit = (apart + self.seconds[j]) * (1 + self.margin)
+                if made is not None and made[0] <= limit and (best is None or made[0] < best[0]):
+                    best = (made[0], k, made[1])
+            if best is not None:
+                seconds, k, steps[k] = best
+                steps[j], self.seconds[k] = Step(sub.structural_hash, "folded"), seconds
+        return steps
+
+    def _try(self, step: Step, k: int, folded: tuple[int, ...]) -> tuple[float, Step] | None:
+        """The kernel step ``k`` with the layout steps ``folded`` and its time, or None when it fails anywhere."""
+        assert step.recipe is not None
+        try:
+            merged = step_subgraph(self.graph, self.parts, k, folded)
+            made = kernel_step(merged, step.recipe, self.backend, folded=folded, structural_hash=step.structural_hash)
+            task = make_task(merged, seed=self.seed)
+            task = replace(task, program=fold_layout(task.program), key=merged.structural_hash)
+        except (ScheduleError, EmbedError, ValueError):
+            return None
+        result = self.measurer.measure(task, task.key, [parse(step.recipe)])[0]
+        return (result.median_s, made) if result.ok else None
+
+
+def _step_seconds(row: SubgraphReport) -> float | None:
+    """What the chosen implementation of ``row`` was timed at (None: not timed)."""
+    seconds = row.kernel_s if row.choice == "kernel" else row.eager_s
+    return seconds if seconds is not None and math.isfinite(seconds) else None
 
 
 class _Search:

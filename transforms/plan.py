@@ -5,7 +5,13 @@ order) saying how it runs, the device and toolchain it was tuned for, and the op
 
 * ``eager``: the subgraph's own PyTorch ops (cuBLAS / cuDNN / BLAS behind them), the fallback that keeps a plan
   never slower than eager;
-* ``kernel``: a generated kernel: its recipe, the source code and launches generated from it.
+* ``kernel``: a generated kernel: its recipe, the source code and launches generated from it;
+* ``folded``: a layout subgraph (transpose, reshape, slice, ...) that has no step of its own: the kernel step that
+  lists it in ``folded`` runs its ops as index maps, storing its result where the layout puts it (the layout reads
+  that kernel's output: :data:`STORE`) or reading its input through the layout's map (the layout feeds that kernel:
+  :data:`LOAD`). That kernel is generated from the union of both subgraphs (``embed.partition.merged_subgraph``)
+  with the views folded (``transforms.views.fold_layout``). A layout step left eager is a PyTorch view where no data
+  moves (transpose, reshape of a contiguous tensor, slice) and one copy otherwise (concat, gather).
 
 A plan file (``.tbplan``) is a zip archive of ``plan.json`` (this module's :data:`FORMAT`, version
 :data:`VERSION`) and, when the weights are known, ``weights.safetensors``. Nothing in it is executed as it is:
@@ -27,13 +33,14 @@ from typing import Any, Literal
 from embed.errors import EmbedError
 from embed.ir import Graph, graph_from_json
 from embed.lower import lower
-from embed.partition import partition
-from embed.subgraph import Subgraph
+from embed.partition import merged_subgraph, partition_nodes
+from embed.subgraph import Subgraph, SubgraphKind
 from transforms.codegen import Kernel, generate
 from transforms.recipe import RecipeError, parse
 from transforms.run import Launch
 from transforms.schedule import ScheduleError
 from transforms.transformation import apply_recipe
+from transforms.views import fold_layout
 
 FORMAT = "tunebank-plan"
 VERSION = 1
@@ -41,7 +48,8 @@ PLAN_MEMBER, WEIGHTS_MEMBER = "plan.json", "weights.safetensors"
 MAX_PLAN_JSON_BYTES = 256 * 2**20  # uncompressed; a larger member is refused before it is read
 MAX_WEIGHTS_BYTES = 16 * 2**30
 
-Impl = Literal["eager", "kernel"]
+Impl = Literal["eager", "kernel", "folded"]
+STORE, LOAD = "store", "load"  # where a folded layout goes: the kernel's store (it reads the kernel) or its loads
 
 
 class PlanError(ValueError):
@@ -50,18 +58,21 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class Step:
-    """How one subgraph runs: ``impl`` eager, or the kernel generated from ``recipe`` (``code`` and
-    ``launches``, as JSON, are what that generation gave when the plan was made)."""
+    """How one subgraph runs: ``impl`` eager, folded into a kernel step, or the kernel generated from ``recipe``
+    (``code`` and ``launches``, as JSON, are what that generation gave when the plan was made) that also runs the
+    layout steps ``folded`` (their indices in the plan)."""
 
     structural_hash: str
     impl: Impl
     recipe: str | None = None
     code: str | None = None
     launches: tuple[dict[str, Any], ...] = ()
+    folded: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"structural_hash": self.structural_hash, "impl": self.impl, "recipe": self.recipe,
-                "code": self.code, "launches": list(self.launches)}
+        out = {"structural_hash": self.structural_hash, "impl": self.impl, "recipe": self.recipe,
+               "code": self.code, "launches": list(self.launches)}
+        return out | {"folded": list(self.folded)} if self.folded else out
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,11 @@ class Plan:
     def kernels(self) -> int:
         return sum(s.impl == "kernel" for s in self.steps)
 
+    @property
+    def folds(self) -> dict[int, int]:
+        """Each folded layout step's index -> the index of the kernel step that runs it."""
+        return {j: k for k, s in enumerate(self.steps) for j in s.folded}
+
     def with_all_eager(self) -> Plan:
         """The same plan with every subgraph running eagerly (the model-level fallback)."""
         return replace(self, steps=tuple(Step(s.structural_hash, "eager") for s in self.steps))
@@ -99,9 +115,11 @@ class Plan:
                 "cuda_graph": self.cuda_graph}
 
 
-def kernel_of(subgraph: Subgraph, recipe: str, backend: str) -> Kernel:
-    """The kernel tunebank generates for ``subgraph`` under ``recipe`` on ``backend``."""
-    return generate(apply_recipe(parse(recipe), lower(subgraph.graph)), backend)
+def kernel_of(subgraph: Subgraph, recipe: str, backend: str, *, fold: bool = False) -> Kernel:
+    """The kernel tunebank generates for ``subgraph`` under ``recipe`` on ``backend`` (``fold``: a merged subgraph
+    of a kernel step with folded layout steps, whose views become index maps)."""
+    program = lower(subgraph.graph)
+    return generate(apply_recipe(parse(recipe), fold_layout(program) if fold else program), backend)
 
 
 def _launches(kernel: Kernel) -> list[dict[str, Any]]:
@@ -109,31 +127,67 @@ def _launches(kernel: Kernel) -> list[dict[str, Any]]:
     return json.loads(json.dumps([x.to_json() for x in kernel.launches]))
 
 
-def kernel_step(subgraph: Subgraph, recipe: str, backend: str) -> Step:
-    kernel = kernel_of(subgraph, recipe, backend)
-    return Step(subgraph.structural_hash, "kernel", recipe, kernel.code, tuple(_launches(kernel)))
+def kernel_step(subgraph: Subgraph, recipe: str, backend: str, *, folded: tuple[int, ...] = (),
+                structural_hash: str | None = None) -> Step:
+    """The kernel step of ``subgraph`` under ``recipe``; with ``folded``, ``subgraph`` is the merged subgraph of
+    the step (hash ``structural_hash``) and those layout steps (:func:`step_subgraph`)."""
+    kernel = kernel_of(subgraph, recipe, backend, fold=bool(folded))
+    return Step(structural_hash or subgraph.structural_hash, "kernel", recipe, kernel.code, tuple(_launches(kernel)),
+                tuple(sorted(folded)))
+
+
+Parts = list[tuple[Subgraph, tuple[int, ...]]]  # embed.partition.partition_nodes(graph)
+
+
+def fold_side(graph: Graph, parts: Parts, kernel: int, layout: int) -> str | None:
+    """Whether layout subgraph ``layout`` can run inside the kernel of subgraph ``kernel``: :data:`STORE` when it
+    reads only what that subgraph computes (besides the model's inputs and weights), :data:`LOAD` when that
+    subgraph alone reads what it computes (and the model does not output it); None otherwise (then the union
+    could hold a path out and back in, or other steps would miss the layout's result)."""
+    sub, other = parts[layout][0], parts[kernel][0]
+    if sub.kind != SubgraphKind.LAYOUT or not sub.tunable or not other.tunable or other.kind == SubgraphKind.LAYOUT:
+        return None
+    made = {t: k for k, (s, _) in enumerate(parts) for t in s.source_outputs}
+    if layout > kernel and all(made.get(t, kernel) == kernel for t in sub.source_inputs):
+        return STORE
+    readers = {k for k, (s, _) in enumerate(parts) for t in s.source_inputs if t in sub.source_outputs}
+    if layout < kernel and readers == {kernel} and not set(sub.source_outputs) & set(graph.outputs):
+        return LOAD
+    return None
+
+
+def step_subgraph(graph: Graph, parts: Parts, k: int, folded: tuple[int, ...]) -> Subgraph:
+    """What kernel step ``k`` runs: its subgraph, merged with the layout subgraphs ``folded`` when there are any."""
+    if not folded:
+        return parts[k][0]
+    nodes = [i for j in (k, *folded) for i in parts[j][1]]
+    return merged_subgraph(graph, nodes, parts[k][0].kind, k)
 
 
 def verify(plan: Plan) -> tuple[list[Subgraph], list[Kernel | None]]:
-    """The plan's subgraphs and, per step, its kernel regenerated from the recipe (None for eager); raises
-    :class:`PlanError` when the graph does not partition into the steps' hashes or a kernel differs from the one
-    the plan carries."""
+    """What each step runs (its subgraph, or for a kernel step with folded layout steps the merged one) and its
+    kernel regenerated from the recipe (None for eager and folded steps); raises :class:`PlanError` when the graph
+    does not partition into the steps' hashes, a fold is not one :func:`fold_side` allows, or a kernel differs from
+    the one the plan carries."""
     try:
-        subgraphs = partition(plan.graph)
+        parts = partition_nodes(plan.graph)
     except EmbedError as e:
         raise PlanError(f"the plan's graph does not partition: {e}") from None
+    subgraphs = [s for s, _ in parts]
     if [s.structural_hash for s in subgraphs] != [s.structural_hash for s in plan.steps]:
         raise PlanError("the plan's steps do not match its graph's subgraphs (made by another tunebank version, "
                         "or edited); run optimize again")
+    _check_folds(plan, parts)
     kernels: list[Kernel | None] = []
-    for n, (subgraph, step) in enumerate(zip(subgraphs, plan.steps, strict=True)):
-        if step.impl == "eager":
+    for n, step in enumerate(plan.steps):
+        if step.impl != "kernel":
             kernels.append(None)
             continue
+        subgraph = subgraphs[n] = step_subgraph(plan.graph, parts, n, step.folded)
         if not subgraph.tunable or step.recipe is None:
             raise PlanError(f"step {n} asks for a kernel where none can be generated")
         try:
-            kernel = kernel_of(subgraph, step.recipe, plan.target.backend)
+            kernel = kernel_of(subgraph, step.recipe, plan.target.backend, fold=bool(step.folded))
         except (RecipeError, ScheduleError, EmbedError, ValueError) as e:
             raise PlanError(f"step {n}: recipe {step.recipe[:80]!r} does not apply: {e}") from None
         if kernel.code != step.code or _launches(kernel) != list(step.launches):
@@ -141,6 +195,21 @@ def verify(plan: Plan) -> tuple[list[Subgraph], list[Kernel | None]]:
                             "(tampered, or made by another tunebank version); refusing to run it")
         kernels.append(kernel)
     return subgraphs, kernels
+
+
+def _check_folds(plan: Plan, parts: Parts) -> None:
+    folds: dict[int, int] = {}
+    for k, step in enumerate(plan.steps):
+        for j in step.folded:
+            if step.impl != "kernel" or not 0 <= j < len(parts) or j in folds or j == k:
+                raise PlanError(f"step {k} folds step {j}, which no kernel step can fold (edited plan?)")
+            if fold_side(plan.graph, parts, k, j) is None:
+                raise PlanError(f"step {k} folds layout step {j}, which it neither produces nor alone consumes")
+            folds[j] = k
+    for j, step in enumerate(plan.steps):
+        if (step.impl == "folded") != (j in folds):
+            raise PlanError(f"step {j} is {'folded' if step.impl == 'folded' else 'not folded'}, but "
+                            f"{'no' if j not in folds else 'a'} kernel step runs it (edited plan?)")
 
 
 def plan_from_json(data: Any) -> Plan:
@@ -166,12 +235,15 @@ def plan_from_json(data: Any) -> Plan:
 
 def _step(data: Mapping[str, Any]) -> Step:
     impl = data["impl"]
-    if impl not in ("eager", "kernel"):
+    if impl not in ("eager", "kernel", "folded"):
         raise ValueError(f"unknown step impl {impl!r}")
     launches = tuple(data.get("launches") or ())
     for launch in launches:
         Launch.from_json(dict(launch))  # shape-checks the launch description
-    return Step(str(data["structural_hash"]), impl, data.get("recipe"), data.get("code"), launches)
+    folded = tuple(data.get("folded") or ())
+    if not all(type(j) is int for j in folded):
+        raise TypeError("a step's folded steps are not integers")
+    return Step(str(data["structural_hash"]), impl, data.get("recipe"), data.get("code"), launches, folded)
 
 
 def save_plan(plan: Plan, path: str | Path, weights: bytes | None = None) -> Path:

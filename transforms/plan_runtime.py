@@ -5,6 +5,8 @@ subgraphs in order, each eagerly or as its tuned kernel, on the caller's tensors
   pointers; the cuda backend's kernels (CuPy) and vendor GEMMs get CuPy views of them
   (``__cuda_array_interface__``) and run on PyTorch's current stream. Inputs a kernel reads are made contiguous
   first (a no-op unless an eager view left them strided); outputs and scratch are allocated per call.
+* A layout step folded into a kernel step (``transforms.plan``) runs nothing: that kernel reads or writes through
+  the layout's index map. Scratch for a temporary the folded program no longer touches is one element.
 * On cuda, with static shapes (always, in tunebank's IR), the whole forward is captured once as a CUDA graph
   and replayed: eager ops and kernels alike, with no Python or launch overhead. Inputs are copied into the
   graph's buffers and outputs cloned out, so a caller's tensors are never aliased. A forward that cannot be
@@ -26,6 +28,7 @@ import torch
 
 from embed.eager import TORCH_DTYPES, EagerProgram
 from embed.ir import TensorRole
+from embed.loopnest import LoopProgram
 from embed.lower import lower
 from embed.subgraph import Subgraph
 from transforms.build import Source, build
@@ -34,6 +37,7 @@ from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import signature
 from transforms.plan import Plan, PlanError, verify
 from transforms.run import Buffer
+from transforms.views import fold_layout
 from transforms.worker import c_scalar, cpu_functions, cuda_functions
 
 Env = dict[str, torch.Tensor]
@@ -57,9 +61,10 @@ def _eager_step(subgraph: Subgraph, device: torch.device) -> StepFn:
 class _Arguments:
     """Where each kernel argument comes from: a model tensor read or written by name, or scratch."""
 
-    def __init__(self, subgraph: Subgraph) -> None:
+    def __init__(self, subgraph: Subgraph, *, folded: bool = False) -> None:
         program = lower(subgraph.graph)
         sig = signature(program, compute_dtype(program))
+        used = _touched(fold_layout(program)) if folded else set(program.buffers)
         outer = dict(zip(subgraph.graph.inputs, subgraph.source_inputs, strict=True))
         outer |= dict(zip(subgraph.graph.outputs, subgraph.source_outputs, strict=True))
         by_arg = {arg: buffer for buffer, arg in sig.names.items()}
@@ -74,7 +79,7 @@ class _Arguments:
                 tensor = subgraph.graph.tensors[buffer]
                 self.outputs[arg.name] = (outer[buffer], tensor.shape, TORCH_DTYPES[tensor.dtype])
             else:
-                self.scratch[arg.name] = (arg.shape, _SCRATCH[arg.dtype])
+                self.scratch[arg.name] = (arg.shape if buffer in used else (1,), _SCRATCH[arg.dtype])
 
     def bind(self, env: Env, device: torch.device) -> dict[str, torch.Tensor]:
         """Tensors for every argument: inputs from ``env`` (contiguous), new outputs (also put in ``env``) and
@@ -85,6 +90,14 @@ class _Arguments:
         for a, (shape, dtype) in self.scratch.items():
             args[a] = torch.zeros(shape, dtype=dtype, device=device)
         return args
+
+
+def _touched(program: LoopProgram) -> set[str]:
+    return {t for n in program.nests for t in (n.statement.write.tensor, *(a.tensor for a in n.loads()))}
+
+
+def _folded_step(env: Env) -> None:
+    """A layout step that a kernel step runs as index maps: nothing to do here."""
 
 
 def _cpu_step(kernel: Kernel, artifact: str, arguments: _Arguments, device: torch.device) -> StepFn:
@@ -178,8 +191,9 @@ class PlanModule(torch.nn.Module):
         artifacts = compile_kernels(kernels, backend, cache_dir)
         make = _cuda_step if backend == "cuda" else _cpu_step
         self.steps: list[StepFn] = [
-            _eager_step(s, self.device) if k is None else make(k, a, _Arguments(s), self.device)
-            for s, k, a in zip(subgraphs, kernels, artifacts, strict=True)
+            _folded_step if step.impl == "folded" else _eager_step(s, self.device) if k is None
+            else make(k, a, _Arguments(s, folded=bool(step.folded)), self.device)
+            for s, k, a, step in zip(subgraphs, kernels, artifacts, plan.steps, strict=True)
         ]
         self.use_cuda_graph = cuda_graph and plan.cuda_graph and self.device.type == "cuda"
         self.eager_model = eager_model if not plan.kernels and not self.use_cuda_graph else None

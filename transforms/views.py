@@ -11,6 +11,11 @@ reads the value, the computing nest writes the view's buffer itself, so a vendor
     program = fold_views(lower(graph))  # the same object when there is nothing to fold
 
 Buffers are kept (a folded-away temporary stays declared, unused), so a kernel's arguments do not change.
+
+``fold_loads`` is the other side: a copy nest that only reads what the program does not compute (a layout op on the
+kernel's input: transpose, reshape, slice, expand) is removed, and every later read of the copy reads the source
+through the copy's index map instead (``softmax(transpose(x))`` reads ``x[j, i]`` for element ``[i, j]``).
+``fold_layout`` is both, the program a plan's kernel with folded layout steps runs (``transforms.plan``).
 """
 
 from __future__ import annotations
@@ -26,17 +31,106 @@ from embed.loopnest import (
     Affine,
     BufferKind,
     Dim,
+    Expr,
     FloorDiv,
+    Indirect,
     Load,
     LoopNest,
     LoopProgram,
     Mod,
     Statement,
     floordiv,
+    map_leaves,
     mod,
 )
 
 VIEWS = ("reshape", "transpose")  # copy nests that only move elements, one to one
+COPIES = ("reshape", "transpose", "slice", "expand")  # copy nests a reader can read through (fold_loads)
+
+
+def fold_layout(program: LoopProgram) -> LoopProgram:
+    """``program`` with views of computed values folded into their producers' stores (:func:`fold_views`), then
+    copies of its inputs folded into their readers' loads (:func:`fold_loads`)."""
+    return fold_loads(fold_views(program))
+
+
+def fold_loads(program: LoopProgram) -> LoopProgram:
+    """``program`` without the copy nests of values it does not compute: each later read of such a copy reads the
+    copy's source through the copy's index map (module docstring). The copy's buffer stays declared."""
+    nests = list(program.nests)
+    j = 0
+    while j < len(nests):
+        mapping = _load_map(program, nests, j)
+        if mapping is None:
+            j += 1
+            continue
+        view = nests.pop(j)
+        source = view.statement.body.access  # type: ignore[union-attr]
+        out = view.statement.write.tensor
+        nests[j:] = [_read_through(n, out, source, mapping) for n in nests[j:]]
+    return program if tuple(nests) == program.nests else replace(program, nests=tuple(nests))
+
+
+def _load_map(program: LoopProgram, nests: list[LoopNest], j: int) -> list[str | None] | None:
+    """Per axis of the copy ``j`` writes, the dim that indexes it (None: a size-1 axis at 0), when ``j`` is a copy
+    of a value no nest computes into a temporary only later nests read, directly and in bounds; else None."""
+    view = nests[j]
+    st = view.statement
+    if (view.op not in COPIES or st.combiner is not None or st.epilogue is not None or not isinstance(st.body, Load)
+            or st.body.access.fill is not None or view.reduction or any(d.ragged for d in view.dims)):
+        return None
+    out, source = st.write.tensor, st.body.access.tensor
+    written = [n.statement.write.tensor for n in nests]
+    if program.buffers[out].kind != BufferKind.TEMP or source in written or written.count(out) != 1:
+        return None
+    axes: list[str | None] = []
+    for e, n in zip(st.write.index, program.buffers[out].shape, strict=True):
+        if not e.terms and not e.const and n == 1:
+            axes.append(None)
+        elif len(e.terms) == 1 and not e.const and e.terms[0][1] == 1 and isinstance(e.terms[0][0], str):
+            axes.append(e.terms[0][0])
+        else:
+            return None
+    named = [a for a in axes if a is not None]
+    if sorted(named) != sorted(d.name for d in view.parallel if d.extent > 1 or d.name in named) or len(set(named)) \
+            != len(named):
+        return None
+    for k, n in enumerate(nests):
+        reads = [a for a in n.loads() if a.tensor == out]
+        if reads and (k < j or any(a.fill is not None for a in reads) or _indirectly_read(n, out)):
+            return None
+    return axes
+
+
+def _indirectly_read(nest: LoopNest, tensor: str) -> bool:
+    exprs = [*nest.statement.write.index, *(e for a in nest.loads() for e in a.index)]
+    return any(i.tensor == tensor for e in exprs for i in e.indirects())
+
+
+def _read_through(nest: LoopNest, out: str, source: Access, axes: Sequence[str | None]) -> LoopNest:
+    def leaf(e: Expr) -> Expr:
+        if not (isinstance(e, Load) and e.access.tensor == out):
+            return e
+        values = {a: i for a, i in zip(axes, e.access.index, strict=True) if a is not None}
+        return Load(Access(source.tensor, tuple(_substituted(i, values) for i in source.index)))
+
+    st = nest.statement
+    epilogue = None if st.epilogue is None else map_leaves(st.epilogue, leaf)
+    return replace(nest, statement=replace(st, body=map_leaves(st.body, leaf), epilogue=epilogue))
+
+
+def _substituted(expr: Affine, values: Mapping[str, Affine]) -> Affine:
+    """``expr`` with each dim in ``values`` replaced by its expression (a dim not in ``values`` is 0: a size-1 axis
+    of the copy)."""
+    out = Affine((), expr.const)
+    for atom, coef in expr.terms:
+        if isinstance(atom, str):
+            out = out + values.get(atom, Affine()) * coef
+        elif isinstance(atom, Indirect):
+            out = out + Affine.of(Indirect(atom.tensor, tuple(_substituted(i, values) for i in atom.index)), coef)
+        else:
+            out = out + Affine.of(replace(atom, arg=_substituted(atom.arg, values)), coef)
+    return out
 
 
 def fold_views(program: LoopProgram) -> LoopProgram:

@@ -166,3 +166,34 @@ def test_a_plan_that_wins_once_and_loses_the_second_timing_is_not_kept(ctx: Cont
         result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=-1.0, **FAST))
     assert next(rounds) == 2  # timed twice
     assert result.report.model_fallback and result.plan.kernels == 0
+
+
+class TransposeBetweenKernels(torch.nn.Module):
+    """linear + gelu, a transpose, softmax: a layout subgraph between two kernel subgraphs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(32, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(torch.nn.functional.gelu(self.a(x)).transpose(0, 1), dim=-1)
+
+
+def test_a_transpose_between_two_kernels_costs_no_kernel_of_its_own(ctx: Context) -> None:
+    module = TransposeBetweenKernels().eval()
+    graph = _graph(module)
+    # every validated kernel chosen; a fold kept whenever it validates, so no machine's timing decides the plan
+    config = OptimizeConfig(margin=-1.0, fold_margin=1e9, time_model=False, **FAST)
+    with Worker() as worker:
+        result = optimize(graph, ctx, worker=worker, config=config)
+    kinds = [s.kind for s in result.report.subgraphs]
+    assert kinds == ["contraction", "layout", "reduction"]
+    steps = result.plan.steps
+    assert [s.impl for s in steps] == ["kernel", "folded", "kernel"] and result.plan.kernels == 2
+    assert result.plan.folds in ({1: 0}, {1: 2})  # into the GEMM's store or the softmax's loads
+    params = {n: t.detach() for n, t in module.named_parameters()}
+    plan = PlanModule(result.plan, params, cache_dir=ctx.cache_dir)
+    x = torch.randn(16, 32)
+    with torch.no_grad():
+        expected = module.double()(x.double())
+    torch.testing.assert_close(plan(x).double(), expected, rtol=1e-4, atol=1e-6)

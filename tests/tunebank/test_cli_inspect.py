@@ -67,3 +67,20 @@ def test_inspect_missing_file_and_unknown_zoo_name_exit_2(tmp_path):
     assert missing.exit_code == 2 and "No such file" in missing.output
     unknown = runner.invoke(app, ["inspect", "zoo:not_a_model"])
     assert unknown.exit_code == 2 and "families:" in unknown.output
+
+
+def test_inspect_a_plan_shows_which_layout_ops_were_folded(tmp_path):
+    from tests.transforms.test_plan_folds import block, plan_of
+    from transforms.plan import save_plan
+
+    folded = save_plan(plan_of(block(), {0: (), 2: (1,)}), tmp_path / "folded.tbplan")
+    out = tmp_path / "ir.json"
+    result = runner.invoke(app, ["inspect", str(folded), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "layout subgraphs folded: 1 of 1" in result.output and "#1 transpose folded into #2 load" in result.output
+    assert [s["runs_as"] for s in json.loads(out.read_text())["subgraphs"]] == ["kernel", "folded into #2 load",
+                                                                               "kernel +folds #1"]
+    view = save_plan(plan_of(block(), {0: (), 2: ()}), tmp_path / "view.tbplan")
+    result = runner.invoke(app, ["inspect", str(view)])
+    assert result.exit_code == 0, result.output
+    assert "layout subgraphs folded: 0 of 1" in result.output and "eager view" in result.output

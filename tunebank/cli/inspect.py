@@ -1,4 +1,6 @@
-"""``tunebank inspect MODEL``: the subgraphs of a model, their kinds, sizes and static features."""
+"""``tunebank inspect MODEL``: the subgraphs of a model, their kinds, sizes and static features; for a plan file
+(``.tbplan``), also how each subgraph runs: a kernel (with the layout steps folded into it), eager (a layout step
+left eager is a view, or one copy where data must move), or folded into a kernel's store or loads."""
 
 from collections import Counter
 from pathlib import Path
@@ -13,9 +15,10 @@ from embed.errors import EmbedError
 from embed.features import StaticFeatures, static_features
 from embed.ir import Graph
 from embed.lower import lower
-from embed.partition import partition
-from embed.subgraph import Subgraph
+from embed.partition import partition, partition_nodes
+from embed.subgraph import Subgraph, SubgraphKind
 from service.strict_json import strict_json
+from transforms.plan import Plan, PlanError, fold_side, read_plan
 from tunebank.cli.common import load_graph, settings
 from tunebank.cli.errors import fail
 from tunebank.cli.text import plain, printable, stdout_console
@@ -67,7 +70,30 @@ def _row(sub: Subgraph, features: StaticFeatures | None) -> list[str]:
     return [sub.structural_hash[:8], sub.kind.value, plain(_ops(sub)), _shapes(sub), *numbers]
 
 
-def _document(graph: Graph, analysed: list[tuple[Subgraph, Any, StaticFeatures | None]]) -> dict[str, Any]:
+_VIEW_OPS = frozenset({"transpose", "reshape", "slice", "expand"})  # PyTorch runs them as views: no data moves
+
+
+def runs_as(plan: Plan) -> list[str]:
+    """How each step of ``plan`` runs, in words: ``kernel`` (``kernel +folds #j,..``), ``eager`` (a layout step:
+    ``eager view`` where no data moves, ``eager copy`` otherwise), ``folded into #k store|load``."""
+    parts = partition_nodes(plan.graph)
+    folds = plan.folds
+    out = []
+    for j, step in enumerate(plan.steps):
+        sub = parts[j][0]
+        if step.impl == "folded":
+            out.append(f"folded into #{folds[j]} {fold_side(plan.graph, parts, folds[j], j)}")
+        elif step.impl == "kernel":
+            out.append("kernel" + (f" +folds {','.join(f'#{i}' for i in step.folded)}" if step.folded else ""))
+        elif sub.kind == SubgraphKind.LAYOUT:
+            out.append("eager view" if set(sub.ops) <= _VIEW_OPS else "eager copy")
+        else:
+            out.append("eager")
+    return out
+
+
+def _document(graph: Graph, analysed: list[tuple[Subgraph, Any, StaticFeatures | None]],
+              runs: list[str] | None) -> dict[str, Any]:
     return {
         "model": graph.name,
         "graph": graph.model_dump(mode="json"),
@@ -83,15 +109,17 @@ def _document(graph: Graph, analysed: list[tuple[Subgraph, Any, StaticFeatures |
                 "graph": sub.graph.model_dump(mode="json"),
                 "loop_program": None if program is None else str(program),
                 "features": None if features is None else features.as_dict(),
+                **({} if runs is None else {"runs_as": runs[n]}),
             }
-            for sub, program, features in analysed
+            for n, (sub, program, features) in enumerate(analysed)
         ],
     }
 
 
 def inspect_command(
-    model: Annotated[str, typer.Argument(help="zoo model name or zoo:NAME, .onnx file, or IR .json (a graph "
-                                              "document or what inspect --json wrote)")] = "",
+    model: Annotated[str, typer.Argument(help="zoo model name or zoo:NAME, .onnx file, IR .json (a graph "
+                                              "document or what inspect --json wrote), or a .tbplan plan file (then "
+                                              "also how each subgraph runs, and which layout ops were folded)")] = "",
     json_path: Annotated[Path | None, typer.Option("--json", help="write the full IR and features here")] = None,
     list_zoo: Annotated[bool, typer.Option("--list-zoo", help="list the zoo's model names and exit")] = False,
 ) -> None:
@@ -104,23 +132,35 @@ def inspect_command(
     if not model:
         fail("missing MODEL: give an .onnx path or zoo:NAME (tunebank inspect --list-zoo lists the zoo)")
     config = settings()
-    with console.status(escape(printable(f"importing {model}", 60))):
-        graph = load_graph(model, config)
+    plan = None
+    if model.endswith(".tbplan"):
+        try:
+            plan = read_plan(model)[0]
+        except PlanError as exc:
+            fail(str(exc))
+        graph = plan.graph
+    else:
+        with console.status(escape(printable(f"importing {model}", 60))):
+            graph = load_graph(model, config)
     try:
         subgraphs = partition(graph)
         analysed = [(sub, *_analyse(sub, config.max_kernel_nodes)) for sub in subgraphs]
-    except EmbedError as exc:
+        if plan is not None and [s.structural_hash for s in plan.steps] != [s.structural_hash for s in subgraphs]:
+            fail("the plan's steps do not match its graph's subgraphs (made by another tunebank version, or edited)")
+        runs = None if plan is None else runs_as(plan)
+    except (EmbedError, PlanError) as exc:
         fail(str(exc))
     except MemoryError:
         fail(f"out of memory analysing {model!r}")
 
     table = Table(title=plain(f"{graph.name or model}: {len(subgraphs)} subgraphs"))
-    for column in ("hash", "kind", "ops", "shapes", "flops", "bytes", "flop/B"):
+    columns = ["hash", "kind", "ops", "shapes", "flops", "bytes", "flop/B"] + ([] if runs is None else ["runs as"])
+    for column in columns:
         numeric = column in ("flops", "bytes", "flop/B")
         table.add_column(column, justify="right" if numeric else "left", no_wrap=column not in ("ops", "shapes"),
                          overflow="fold")
-    for sub, _, features in analysed:
-        table.add_row(*_row(sub, features))
+    for n, (sub, _, features) in enumerate(analysed):
+        table.add_row(*_row(sub, features), *([] if runs is None else [plain(f"#{n} {runs[n]}")]))
     console.print(table)
 
     kinds = Counter(sub.kind.value for sub in subgraphs)
@@ -129,12 +169,17 @@ def inspect_command(
     console.print(
         f"{len(subgraphs)} subgraphs ({distinct} distinct): " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
         markup=False)
+    if runs is not None:
+        folded = [f"#{n} {'+'.join(subgraphs[n].ops)} {r}" for n, r in enumerate(runs) if r.startswith("folded")]
+        layouts = sum(sub.kind == SubgraphKind.LAYOUT for sub in subgraphs)
+        console.print(plain(f"layout subgraphs folded: {len(folded)} of {layouts}", 10**6),
+                      *(plain(f"  {f}") for f in folded), sep="\n")
     not_tunable = sum(reasons.values())
     console.print(plain(f"not tunable: {not_tunable}", 10**6), *(plain(f"  {n} x {reason}") for reason, n in
                                                                    reasons.items()), sep="\n")
     if json_path is not None:
         try:
-            json_path.write_text(strict_json(_document(graph, analysed)))
+            json_path.write_text(strict_json(_document(graph, analysed, runs)))
         except OSError as exc:
             fail(f"cannot write {json_path}: {exc.strerror or exc}")
         console.print(plain(f"wrote {json_path}"))
