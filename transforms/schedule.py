@@ -85,6 +85,8 @@ class Schedule:
     stage: tuple[int, int] = (0, 0)  # (cuda) (tile, elements per thread) of staged nests; 0: off (steps.stage)
     persist: int = 0  # (cuda) blocks per SM of a persistent row kernel; 0: off (steps.persist)
     stream: bool = False  # (cuda) evict-first loads / stores of row kernels' once-touched data (steps.cache_hint)
+    vendor: tuple[str, ...] = ()  # a vendor library call then the generated epilogue: ("conv", "cudnn", "benchmark"),
+    # ("conv", "torch"), ("gemm", "blas"); transforms.codegen.vendor (steps.conv, steps.gemm)
 
     def set(self, **knobs: object) -> Schedule:
         return replace(self, **knobs)  # type: ignore[arg-type]

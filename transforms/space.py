@@ -6,11 +6,19 @@
 Each transformation contributes one dimension per group of alternatives it offers for the program
 (``Transformation.choices``); transformations that do not apply contribute none. Recipes from outside the
 space (a neighbour's) are first made legal with ``transforms.adapt``, then mutated or recombined.
+
+Beside that product stand the *vendor alternatives*: the vendor-ranked steps that are in no dimension
+(``conv(torch)``, ``conv(cudnn,benchmark)``, cpu ``gemm(blas)``), each a whole recipe of one step, since the library
+call replaces the generated kernel and every knob of it. They count in ``size`` and come last in ``enumerate``, and
+``vendor_ranked`` offers them (transfer fills with them, ``tune`` measures them after the default); ``sample``,
+``mutate`` and ``crossover`` stay in the product, whose knobs they explore (a vendor recipe mutates into the
+default's neighbourhood).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from collections.abc import Collection, Iterator
 
@@ -37,6 +45,9 @@ class RecipeSpace:
         self._applicable = _applicable(program, backend)
         dims = [g for choices in self._applicable.values() for g in choices]
         self._product = ProductSpace(dims or [[Step("fuse", ("none",))]])
+        in_product = {s for options in self._product.dims for s in options}
+        self.alternatives = tuple(Recipe((step,)) for name in transformations.names()
+                                  for step in lookup(name).vendor_ranked(program, backend) if step not in in_product)
 
     @property
     def dims(self) -> tuple[tuple[Step, ...], ...]:
@@ -48,23 +59,30 @@ class RecipeSpace:
         return _default(self.program, self.backend, self._applicable)
 
     def size(self) -> int:
-        return self._product.size()
+        return self._product.size() + len(self.alternatives)
 
     def enumerate(self) -> Iterator[Recipe]:
-        return self._product.enumerate()
+        return itertools.chain(self._product.enumerate(), self.alternatives)
 
     def sample(self, rng: random.Random) -> Recipe:
         return self._product.sample(rng)
 
     def legal(self, recipe: Recipe) -> Recipe:
-        """``recipe`` adapted to this program, with every dimension's step (defaults where it had none)."""
+        """``recipe`` adapted to this program, with every dimension's step (defaults where it had none); a recipe
+        holding a vendor alternative's step is that alternative."""
         adapted, _ = adapt(recipe, self.program, self.backend)
+        alternative = next((a for a in self.alternatives for s in adapted if a.steps == (s,)), None)
+        if alternative is not None:
+            return alternative
         point = [next((s for s in adapted if s in options), next(s for s in self.default if s in options))
                  for options in self.dims]
         return Recipe(tuple(point))
 
     def unset_knobs(self, recipe: Recipe) -> set[str]:
-        """Names of this space's knobs that ``recipe`` gives no value (a recipe stored before they existed)."""
+        """Names of this space's knobs that ``recipe`` gives no value (a recipe stored before they existed); none
+        for a vendor alternative, which has no knobs of the product."""
+        if recipe in self.alternatives:
+            return set()
         return {step.name for options in self.dims for step in options} - {step.name for step in recipe.steps}
 
     def variants(self, recipe: Recipe, knobs: Collection[str]) -> list[Recipe]:
@@ -78,8 +96,9 @@ class RecipeSpace:
     def vendor_ranked(self) -> list[Recipe]:
         """The recipes that hand the program to a vendor library, in its heuristic's order
         (``Transformation.vendor_ranked``; every other dimension as in the default)."""
-        return [self.legal(Recipe((step,))) for name in self._applicable
-                for step in lookup(name).vendor_ranked(self.program, self.backend)]
+        ranked = [self.legal(Recipe((step,))) for name in self._applicable
+                  for step in lookup(name).vendor_ranked(self.program, self.backend)]
+        return [*ranked, *self.alternatives]
 
     def mutate(self, recipe: Recipe, rng: random.Random) -> Recipe:
         return self._product.mutate(self.legal(recipe), rng)

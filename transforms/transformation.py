@@ -91,7 +91,7 @@ def expect_ident(step: Step, position: int, allowed: Sequence[str]) -> str:
 
 transformations: Registry[Transformation] = Registry("transformation")
 for _name in ("fuse", "parallel", "tile", "reorder", "vectorize", "unroll", "reduce", "threads", "rows_per_block",
-              "row_depth", "row_mode", "inline", "gemm", "sparse", "stage", "persist", "cache_hint"):
+              "row_depth", "row_mode", "inline", "gemm", "sparse", "stage", "persist", "cache_hint", "conv"):
     transformations.register_lazy(_name, f"transforms.steps.{_name}:STEP")
 
 

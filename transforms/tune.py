@@ -212,8 +212,9 @@ def tune(
     timeout_s: float = 30.0,
     recorder: Recorder | None = None,
 ) -> TuneResults:
-    """Tune every distinct tunable subgraph of ``target``: the default recipe first, then ``budget`` recipes
-    proposed by ``strategy`` (exhaustive | random | evolutionary) in batches.
+    """Tune every distinct tunable subgraph of ``target``: the default recipe first, then the space's vendor
+    alternatives (``RecipeSpace.alternatives``), then ``budget`` recipes proposed by ``strategy`` (exhaustive | random
+    | evolutionary) in batches.
 
     With ``reorder`` (a model graph only), the subgraphs of every order of its sparse-dense chains
     (``transforms.reorder.chain_orders``) are tuned too, and ``orders`` compares the orders of each chain.
@@ -234,6 +235,9 @@ def tune(
             (first,) = evaluate_recipes([default])
             search_strategy = create(strategy, space, budget=budget, seed=seed)
             search_strategy.tell([(default, first)])
+            # the vendor alternatives (a library call: conv(torch), gemm(blas)), which no strategy samples
+            vendor = [r for r in space.alternatives if r != default]
+            search_strategy.tell(list(zip(vendor, evaluate_recipes(vendor), strict=True)) if vendor else [])
 
             def measured(recipes: list[Recipe], task: Task = task, ev: Evaluate = evaluate_recipes,
                          st: Strategy = search_strategy) -> list[RunResult]:

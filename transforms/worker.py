@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms import vendor_blas
+from transforms import vendor_blas, vendor_torch
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
 from transforms.run import STORAGE, Buffer, Launch, Scalar, buffers_of, poison, poisoned, to_float, to_storage
@@ -267,7 +267,14 @@ class CudaBackend:
 
 
 _LIBRARY: dict[str, Callable[[Launch], Callable[..., None]]] = {"cublas_gemm": vendor_blas.cublas_gemm,
-                                                               "cublaslt_matmul": vendor_blas.cublaslt_matmul}
+                                                               "cublaslt_matmul": vendor_blas.cublaslt_matmul,
+                                                               "cudnn_conv": vendor_torch.cudnn_conv,
+                                                               "torch_conv": vendor_torch.torch_conv}
+#: cpu library launches: called like a cpu kernel, with the buffers' data pointers (``transforms.vendor_torch``).
+_CPU_LIBRARY: dict[str, Callable[[Launch], Callable[..., None]]] = {
+    "torch_conv": lambda launch: vendor_torch.torch_conv(launch, "cpu"),
+    "torch_matmul": lambda launch: vendor_torch.torch_matmul(launch, "cpu"),
+}
 
 
 def c_scalar(arg: Scalar) -> Any:
@@ -276,11 +283,19 @@ def c_scalar(arg: Scalar) -> Any:
 
 
 def cpu_functions(artifact: str, launches: Sequence[Launch]) -> list[Any]:
-    """Each launch's entry in the shared library at ``artifact`` (ctypes functions returning nothing)."""
+    """Each launch's entry in the shared library at ``artifact`` (ctypes functions returning nothing), or the vendor
+    routine a library launch names (called the same way: data pointers, then scalars)."""
     library = cpu.load(artifact)
-    functions = [getattr(library, launch.entry) for launch in launches]
-    for function in functions:
-        function.restype = None
+    functions = []
+    for launch in launches:
+        if launch.library:
+            if launch.library not in _CPU_LIBRARY:
+                raise ValueError(f"unknown cpu library routine {launch.library!r}")
+            functions.append(_CPU_LIBRARY[launch.library](launch))
+        else:
+            function = getattr(library, launch.entry)
+            function.restype = None
+            functions.append(function)
     return functions
 
 

@@ -12,6 +12,10 @@ BACKENDS = ("cpu", "cuda")
 
 def generate(schedule: Schedule, backend: str = "cpu") -> Kernel:
     """The kernel source and launches of ``schedule`` for ``backend``."""
+    if schedule.vendor:  # a vendor library call, then the generated epilogue: transforms.codegen.vendor
+        from transforms.codegen.vendor import generate_vendor
+
+        return generate_vendor(schedule, backend)
     if backend == "cpu":
         from transforms.codegen.c import generate_c
 

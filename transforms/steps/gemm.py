@@ -1,11 +1,14 @@
 """``gemm(mma|simt,tile_m,tile_n,tile_k,warps,stages,swizzle[,split])``, ``gemm(cublaslt,algo)``, ``gemm(cublas)``
-(cuda): run a contraction (a matmul with a pointwise epilogue, ``transforms.contraction``) as one GEMM kernel with
-the epilogue fused: ``mma`` (tensor cores, fp16/bf16) or ``simt`` (CUDA cores, fp32/fp64), or under split-K
-(``split`` > 1) as that kernel over parts of k, then one that adds the parts and applies the epilogue; or as a
-vendor GEMM then an epilogue kernel: ``cublaslt`` (the cuBLASLt heuristic's algorithm of rank ``algo``, taking the
-bias and relu or tanh-gelu itself) or ``cublas`` (cuBLAS's default). See
-:class:`~transforms.contraction.GemmConfig` for the parameters."""
+(cuda), ``gemm(blas)`` (cpu): run a contraction (a matmul with a pointwise epilogue, ``transforms.contraction``) as
+one GEMM kernel with the epilogue fused: ``mma`` (tensor cores, fp16/bf16) or ``simt`` (CUDA cores, fp32/fp64), or
+under split-K (``split`` > 1) as that kernel over parts of k, then one that adds the parts and applies the epilogue;
+or as a vendor GEMM then an epilogue kernel: ``cublaslt`` (the cuBLASLt heuristic's algorithm of rank ``algo``,
+taking the bias and relu or tanh-gelu itself) or ``cublas`` (cuBLAS's default). On cpu, ``gemm(blas)`` runs the
+product with PyTorch's BLAS (MKL / OpenBLAS), then the epilogue as one generated kernel
+(``transforms.codegen.vendor``): a whole recipe beside the generated loops' space (``transforms.space``), float32 /
+float64 only. See :class:`~transforms.contraction.GemmConfig` for the parameters."""
 
+from embed.ir import DType
 from embed.loopnest import LoopProgram
 from transforms.contraction import (
     LT_ALGOS,
@@ -32,10 +35,23 @@ class Gemm(Transformation):
         return [[Step("gemm", config.args) for config in gemm_configs(contraction)]]
 
     def vendor_ranked(self, program: LoopProgram, backend: str) -> list[Step]:
-        """cuBLASLt's algorithms in its heuristic's order, then cuBLAS."""
+        """cuBLASLt's algorithms in its heuristic's order, then cuBLAS. Not yet the cpu ``gemm(blas)``: offered, it
+        would be a fill candidate of every cpu contraction, which the recorded cpu transfer replay
+        (tests/service/data/transfer_cpu_replay.json) has no measurement of; it joins when that recording is re-made."""
+        if backend == "cpu":
+            return []
         return [s for g in self.choices(program, backend) for s in g if s.args[0] in VENDOR_PATHS]
 
+    def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
+        if backend == "cpu":
+            return BLAS if step == BLAS and _blas_legal(program) else None
+        return super().nearest(step, program, backend)
+
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
+        if step == BLAS:
+            if not _blas_legal(schedule.program):
+                raise ScheduleError(f"step {step}: the program is not a float32 / float64 contraction")
+            return schedule.set(vendor=("gemm", "blas"))
         path = expect_ident(step, 0, PATHS)
         if path == "cublas":
             if len(step.args) > 1:
@@ -58,4 +74,17 @@ class Gemm(Transformation):
         return schedule.set(gemm=config)
 
 
+BLAS = Step("gemm", ("blas",))
+
+
+def _blas_legal(program: LoopProgram) -> bool:
+    """A contraction whose operands and every float buffer are float32, or all float64 (the BLAS path keeps the
+    product in the compute type)."""
+    c = match_contraction(program)
+    if c is None or c.a.dtype != c.b.dtype or c.a.dtype not in (DType.FLOAT32, DType.FLOAT64):
+        return False
+    return all(b.dtype in (c.a.dtype, *NON_FLOAT) for b in c.program.buffers.values())
+
+
+NON_FLOAT = (DType.INT32, DType.INT64, DType.BOOL)
 STEP = Gemm()

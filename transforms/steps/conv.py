@@ -1,0 +1,41 @@
+"""``conv(cudnn,benchmark|default)``, ``conv(torch)``: run a convolution (``transforms.convolution``) in a vendor
+library through PyTorch, then its epilogue (bias, batch-norm, activation, residual) as one generated kernel
+(``transforms.codegen.vendor``). ``cudnn`` (cuda) calls cuDNN itself, ``benchmark`` letting it time its algorithms
+once per shape and keep the fastest, ``default`` taking its heuristic's choice; ``torch`` (cpu: oneDNN; cuda: what
+PyTorch's own dispatch picks, e.g. its depthwise kernel) runs ``conv2d``. Always in float32 or float64
+arithmetic (TF32 off). Each step is a whole recipe beside the generated direct convolution's space
+(``transforms.space``): the library replaces the generated kernel and every knob of it."""
+
+from embed.loopnest import LoopProgram
+from transforms.convolution import match_convolution
+from transforms.recipe import Step
+from transforms.schedule import Schedule, ScheduleError
+from transforms.transformation import Transformation
+
+#: The steps of each backend, in the order they are tried: cuDNN's own best (timed) first.
+PATHS = {"cuda": (("cudnn", "benchmark"), ("cudnn", "default"), ("torch",)), "cpu": (("torch",),)}
+
+
+class Conv(Transformation):
+    name = "conv"
+
+    def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:
+        return []  # no dimension of the generated kernels' space: each step stands alone (vendor_ranked)
+
+    def vendor_ranked(self, program: LoopProgram, backend: str) -> list[Step]:
+        if backend not in PATHS or match_convolution(program) is None:
+            return []
+        return [Step("conv", args) for args in PATHS[backend]]
+
+    def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
+        offered = self.vendor_ranked(program, backend)
+        same = [s for s in offered if s.args[:1] == step.args[:1]]
+        return step if step in offered else (same or offered or [None])[0]
+
+    def apply(self, schedule: Schedule, step: Step) -> Schedule:
+        if step.args not in {args for paths in PATHS.values() for args in paths} or step.kwargs:
+            raise ScheduleError(f"step {step}: use conv(cudnn,benchmark), conv(cudnn,default) or conv(torch)")
+        return schedule.set(vendor=("conv", *(str(a) for a in step.args)))
+
+
+STEP = Conv()
