@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from embed.profile import DeviceSpec
+from transforms.compilers.cpu import from_recorded
 from transforms.recipe import Recipe
 from transforms.results import RunResult
 from transforms.run import Worker
@@ -47,7 +48,8 @@ class MeasurementTable:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "MeasurementTable":
-        return cls(DeviceSpec(**data["device"]), data["toolchain"], data["results"], data["eager"])
+        # older recordings hold the long cpu toolchain id: read as today's, so their measurements stay hits here
+        return cls(DeviceSpec(**data["device"]), from_recorded(data["toolchain"]), data["results"], data["eager"])
 
 
 def _result(value: float | str) -> RunResult:
