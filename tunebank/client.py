@@ -149,8 +149,22 @@ class Client:
                 bar.close()
 
     def download_plan(self, job_id: int, path: str | Path) -> Path:
-        """Save the plan file (``.tbplan``) of a succeeded optimize job to ``path``."""
-        path = Path(path)
+        """Save the plan file (``.tbplan``) of a succeeded optimize job to ``path``. When this client sent the job
+        a torch module (whose weights stayed here), the file gets those weights, so ``tunebank.load(path)`` runs it
+        as it is."""
+        path = self._fetch_plan(job_id, Path(path))
+        weights = self._weights.get(int(job_id))
+        if weights is not None:
+            from safetensors.torch import save
+
+            from transforms.plan import read_plan, save_plan
+
+            plan, blob = read_plan(path)
+            if blob is None:
+                save_plan(plan, path, save({n: t.to("cpu").contiguous() for n, t in weights.items()}))
+        return path
+
+    def _fetch_plan(self, job_id: int, path: Path) -> Path:
         path.write_bytes(self._request("GET", f"/v1/jobs/{int(job_id)}/plan").content)
         return path
 
@@ -163,7 +177,7 @@ class Client:
         from transforms.plan_runtime import PlanModule
 
         with tempfile.TemporaryDirectory(prefix="tunebank-plan-") as folder:
-            plan, blob = read_plan(self.download_plan(job_id, Path(folder) / f"job-{int(job_id)}.tbplan"))
+            plan, blob = read_plan(self._fetch_plan(job_id, Path(folder) / f"job-{int(job_id)}.tbplan"))
         if params is None and blob is not None:
             params = _decode_weights(blob, f"job {job_id}'s plan")
         params = params if params is not None else self._weights.get(int(job_id))
@@ -236,12 +250,29 @@ def _wire(model: Any, example_inputs: Sequence[Any] | None) -> tuple[bytes, str,
         path = Path(spec)
         if not path.is_file():
             raise FileNotFoundError(f"{spec}: no such model file")
-        return path.read_bytes(), path.name, None
+        return (_onnx_bytes(path) if path.suffix.lower() == ".onnx" else path.read_bytes()), path.name, None
     from embed import zoo
 
     torch.manual_seed(0)  # the zoo's seeded weights, as the service's own zoo runs draw them
     module, inputs = zoo.build(spec.removeprefix("zoo:"), device="cpu")
     return _wire(module, inputs)
+
+
+def _onnx_bytes(path: Path) -> bytes:
+    """The ONNX file's bytes, with its external data (the weights in files beside it, as ``torch.onnx.export``
+    writes them) read in: the server sees only what is sent."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    data = path.read_bytes()
+    try:
+        proto = onnx.load_model_from_string(data)
+    except Exception:  # noqa: BLE001 (not ONNX: the server says what is wrong with it)
+        return data
+    if not any(uses_external_data(t) for t in proto.graph.initializer):
+        return data
+    onnx.load_external_data_for_model(proto, str(path.parent))
+    return proto.SerializeToString()
 
 
 def _ir_document(ir: Any) -> Any:

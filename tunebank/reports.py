@@ -5,7 +5,7 @@ They are built from plain JSON, so this module imports nothing of the service.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -48,11 +48,14 @@ class SubgraphResult:
     speedup: float | None = None
     queued: bool = False
     reason: str | None = None
+    neighbours: tuple[dict[str, Any], ...] = field(default=(), repr=False)  # distance, recipe of each neighbour
+    candidates: tuple[dict[str, Any], ...] = field(default=(), repr=False)  # each recipe tried: time or error
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SubgraphResult:
         values = _pick(cls, data)
-        values["ops"] = tuple(values.get("ops") or ())
+        for name in ("ops", "neighbours", "candidates"):
+            values[name] = tuple(values.get(name) or ())
         return cls(**values)
 
 
@@ -79,6 +82,10 @@ class Report:
         values["subgraphs"] = tuple(SubgraphResult.from_json(s) for s in data.get("subgraphs") or ())
         values["stages_s"] = dict(values.get("stages_s") or {})
         return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON (what the service sent, for the fields this view keeps)."""
+        return asdict(self)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -3,12 +3,8 @@ backend): a tiny zoo model optimized end to end, its plan run and compared with 
 client sees them; retries on 429 and 5xx; ``tunebank.local()`` giving the same calls without a server."""
 
 import os
-import secrets
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,80 +13,11 @@ import torch
 
 import tunebank
 from embed import zoo
+from tests.tunebank.conftest import cli, free_port
 from tunebank.reports import Job, Report
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "lm_head-h64-v256-t32"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cli(env: dict[str, str], *args: str) -> str:
-    """``tunebank ARGS`` in this process (``serve`` alone runs as a process of its own)."""
-    from typer.testing import CliRunner
-
-    from tunebank.cli import app
-
-    done = CliRunner().invoke(app, list(args), env=env)
-    assert done.exit_code == 0, done.output
-    return done.stdout
-
-
-TOOLCHAIN_TOO_LONG = pytest.mark.xfail(strict=True, reason=(
-    "the cpu toolchain id (`cc --version` in full, 266 characters here) overflows the 200-character toolchain "
-    "column on PostgreSQL (SQLite does not check lengths): transforms/compilers/cpu.py toolchain_id"))
-
-
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=[pytest.mark.postgres,
-                                                                                     TOOLCHAIN_TOO_LONG])])
-def database_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
-    """``TUNEBANK_DATABASE_URL`` for the server: none (SQLite in the data folder), or a new PostgreSQL schema."""
-    if request.param == "sqlite":
-        yield {}
-        return
-    import psycopg
-
-    from tests.db.conftest import PG_SERVER, _require_postgres, pg_url
-
-    _require_postgres()
-    schema = f"tb_client_{os.getpid()}_{secrets.token_hex(4)}"
-    with psycopg.connect(PG_SERVER, autocommit=True) as connection:
-        connection.execute(f'CREATE SCHEMA "{schema}"')
-    yield {"TUNEBANK_DATABASE_URL": pg_url(schema)}
-    with psycopg.connect(PG_SERVER, autocommit=True) as connection:
-        connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory,
-           database_env: dict[str, str]) -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
-    """A ``tunebank serve`` process (SQLite, then PostgreSQL): its URL, its environment, and secrets of keys by name."""
-    data = tmp_path_factory.mktemp("served")
-    env = {**os.environ, "TUNEBANK_DATA_DIR": str(data), "TUNEBANK_BACKEND": "cpu", "OMP_NUM_THREADS": "1",
-           **database_env}
-    _cli(env, "db", "upgrade")
-    secrets = {name: _cli(env, "keys", "create", "--scopes", scopes, "--name", name).splitlines()[1]
-               for name, scopes in (("alice", "read,optimize"), ("bob", "read"))}
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tunebank", "serve", "--port", str(port), "--log-level",
-                             "warning"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode() if proc.stderr else ""
-        time.sleep(0.2)
-    yield url, env, secrets
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 def test_a_module_sent_to_the_server_comes_back_as_a_plan_that_computes_what_it_computes(
@@ -133,19 +60,19 @@ def test_a_module_sent_to_the_server_comes_back_as_a_plan_that_computes_what_it_
 def test_serve_refuses_to_bind_beyond_loopback_without_a_key(tmp_path: Path) -> None:
     env = {**os.environ, "TUNEBANK_DATA_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "tunebank", "serve", "--host", "0.0.0.0", "--port",
-                           str(_free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+                           str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "refusing to serve on '0.0.0.0' with no API key" in done.stderr
 
 
 def test_keys_are_created_listed_and_revoked_and_the_secret_is_printed_once(tmp_path: Path) -> None:
     env = {**os.environ, "TUNEBANK_DATA_DIR": str(tmp_path), "COLUMNS": "200"}
-    _cli(env, "db", "upgrade")
-    created = _cli(env, "keys", "create", "--scopes", "read,ingest", "--name", "crawler").splitlines()
+    cli(env, "db", "upgrade")
+    created = cli(env, "keys", "create", "--scopes", "read,ingest", "--name", "crawler").splitlines()
     assert created[0] == "key 1 (crawler), scopes ingest,read" and created[1].startswith("tb_")
-    listed = _cli(env, "keys", "list")
+    listed = cli(env, "keys", "list")
     assert "crawler" in listed and "live" in listed and created[1] not in listed
-    assert _cli(env, "keys", "revoke", "1").strip() == "key 1 revoked"
-    assert "revoked" in _cli(env, "keys", "list")
+    assert cli(env, "keys", "revoke", "1").strip() == "key 1 revoked"
+    assert "revoked" in cli(env, "keys", "list")
     from typer.testing import CliRunner
 
     from tunebank.cli import app
@@ -208,3 +135,24 @@ def test_local_gives_the_same_calls_without_a_server(tmp_path: Path) -> None:
             torch.testing.assert_close(fast(*inputs), module(*inputs), rtol=1e-4, atol=1e-5)
         assert [j.id for j in tb.jobs()] == [job.id] and tb.stats().tables["jobs"] == 1
     assert (tmp_path / "tunebank.db").is_file()
+
+
+def test_an_onnx_export_is_sent_with_its_external_weights_inlined(tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    from tests.tunebank.test_api import Block
+    from tunebank.client import _wire
+
+    torch.manual_seed(3)
+    module = Block().eval()
+    torch.onnx.export(module, (torch.randn(8, 32),), str(tmp_path / "block.onnx"))  # weights in block.onnx.data
+    assert (tmp_path / "block.onnx.data").is_file()
+    data, name, kept = _wire(str(tmp_path / "block.onnx"), None)
+    proto = onnx.load_model_from_string(data)
+    assert name == "block.onnx" and kept is None
+    assert proto.graph.initializer and not any(uses_external_data(t) for t in proto.graph.initializer)
+    sent = sorted(numpy_helper.to_array(t).round(6).tobytes() for t in proto.graph.initializer)
+    own = sorted(p.detach().numpy().round(6).tobytes() for p in module.parameters())
+    assert sent == own

@@ -1,5 +1,6 @@
 """``tunebank optimize MODEL``: a plan for the whole model (hits, transfers, eager fallbacks), its report, and with
-``--out`` the plan file that ``tunebank.load`` runs."""
+``--out`` the plan file that ``tunebank.load`` runs. With ``--server URL`` the model goes to a ``tunebank serve`` there
+(through ``tunebank.Client``) and the same report comes back."""
 
 import sys
 from pathlib import Path
@@ -22,6 +23,8 @@ from transforms.plan import PlanError
 from tunebank.cli.common import data_folder, load_graph, model_spec, open_database, settings
 from tunebank.cli.errors import fail
 from tunebank.cli.tune import CpuThreads, check_problem_sizes, pin_cpu_threads
+from tunebank.client import ApiError, Client
+from tunebank.reports import Report
 
 console = Console(highlight=False)
 
@@ -45,9 +48,28 @@ def optimize_command(
     seed: Annotated[int, typer.Option(help="random seed (inputs and fill)")] = 0,
     cpu_threads: CpuThreads = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    server: Annotated[str | None, typer.Option(
+        "--server", help="optimize on a tunebank serve at this URL (e.g. http://127.0.0.1:8000), not here")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="TUNEBANK_API_KEY", show_envvar=True,
+        help="with --server: an API key with the optimize scope (tunebank keys create)")] = None,
+    device_class: Annotated[str | None, typer.Option(
+        "--device-class", help="with --server: the device class to tune for (default: the server's own)")] = None,
 ) -> None:
     """Optimize MODEL into a plan: per distinct subgraph a stored hit, a transfer from the nearest tuned
     neighbours, or eager PyTorch when nothing beats it; then the whole model timed against eager."""
+    if server is not None:
+        local_only = {"--backend": backend != "auto", "--no-time": not time_model, "--seed": seed != 0,
+                      "--cpu-threads": bool(cpu_threads)}
+        given = [name for name, set_ in local_only.items() if set_]
+        if given:
+            fail(f"{given[0]} applies to optimizing here, not with --server (the server uses its own backend: "
+                 "tunebank serve --backend)")
+        _optimize_remote(model, server, api_key, out=out, k=k, margin=margin, device_class=device_class,
+                         as_json=as_json)
+        return
+    if device_class is not None:
+        fail("--device-class needs --server (here the device is this machine's: --backend)")
     from service.weights import model_weights
     from tunebank import api
 
@@ -86,7 +108,51 @@ def optimize_command(
                       f"{len(result.plan.steps) - result.plan.kernels} eager steps)")
 
 
-def _print(report: OptimizeReport) -> None:
+def _optimize_remote(model: str, server: str, api_key: str | None, *, out: Path | None, k: int, margin: float,
+                     device_class: str | None, as_json: bool) -> None:
+    """``optimize --server``: send MODEL through ``tunebank.Client``, wait with a progress bar, print its report."""
+    if not server.startswith(("http://", "https://")):
+        fail(f"--server {server!r}: give the URL of a tunebank serve, e.g. http://127.0.0.1:8000")
+    try:
+        with Client(server, api_key, retries=2, progress=not as_json) as client:
+            job = client.optimize(model, k=k, margin=margin, device_class=device_class)
+            if job.status != "succeeded":
+                fail(f"job {job.id} on {server} {job.status}: {job.error or 'no reason given'}")
+            saved = client.download_plan(job.id, out) if out is not None else None
+    except ApiError as e:
+        fail(_api_message(e, server, api_key))
+    except (OSError, ValueError, LookupError, EmbedError, PlanError) as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    report = job.report
+    if as_json:
+        data = report.to_json() if report is not None else {}
+        sys.stdout.write(strict_json({**data, "job": job.id, "server": server,
+                                      "plan": str(saved) if saved else None}) + "\n")
+        return
+    if report is not None:
+        _print(report)
+    console.print(f"job {job.id} on {escape(server)}")
+    if saved is not None:
+        kernels = sum(s.choice == "kernel" for s in report.subgraphs) if report is not None else 0
+        console.print(f"plan: {escape(str(saved))} ({kernels} kernel subgraphs)")
+
+
+def _api_message(e: ApiError, server: str, api_key: str | None) -> str:
+    if e.status == 0:
+        return f"cannot reach {server}: is `tunebank serve` running there? ({e.detail})"
+    if e.status == 401 and api_key is None:
+        return (f"{server} needs an API key: pass --api-key KEY or set TUNEBANK_API_KEY (`tunebank keys create "
+                "--scopes read,optimize` on the server makes one)")
+    if e.status == 401:
+        return f"{server} refused the API key (unknown or revoked): {e.detail}"
+    if e.status == 403:
+        return f"{server}: {e.detail} (this command needs a key with the read and optimize scopes)"
+    if e.status == 413:
+        return f"{server}: the model is too large for this server: {e.detail}"
+    return f"{server}: {e.status} {e.error}: {e.detail}"
+
+
+def _print(report: OptimizeReport | Report) -> None:
     table = Table(title=escape(f"{report.model}: {len(report.subgraphs)} distinct subgraphs on {report.device}"),
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     widths = {"#": 2, "source": 9, "near": 5, "tried": 5, "runs": 6, "us": 8, "eager us": 8, "x": 6}
