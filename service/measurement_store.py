@@ -28,6 +28,14 @@ class MeasurementStore:
             self.ids = add_subgraphs(session, list(self.subgraphs.values()))
         self.stored = 0
 
+    def register(self, subgraph: Subgraph) -> int:
+        """Add ``subgraph`` (e.g. a kernel with a layout step folded into it) to what is stored; its id."""
+        if subgraph.structural_hash not in self.ids:
+            with self.database.scope() as session:
+                self.ids |= add_subgraphs(session, [subgraph])
+            self.subgraphs[subgraph.structural_hash] = subgraph
+        return self.ids[subgraph.structural_hash]
+
     def measured(self, task: Task, recipes: Sequence[Recipe], results: Sequence[RunResult]) -> None:
         with self.database.scope() as session:
             self.stored += add_measurements(session, self.device, self.toolchain, task.key,

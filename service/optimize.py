@@ -159,16 +159,13 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
         report.subgraphs.append(row)
     if progress:
         progress(len(distinct), len(distinct), "plan")
-    report.measured = measurer.evaluations
     started = time.perf_counter()
     chosen = {r.structural_hash: r for r in report.subgraphs}
     steps = [kernels.plan_step(s, chosen[s.structural_hash]) for s in subgraphs]
-    folder = _Folder(graph, parts, chosen, ctx.backend,
-                     live_measurer(MeasurementTable(ctx.device, ctx.toolchain), backend=ctx.backend,
-                                   cache_dir=ctx.cache_dir, worker=worker, repeats=config.repeats), config.seed,
-                     config.fold_margin)
+    before = measurer.evaluations
+    folder = _Folder(graph, parts, chosen, ctx, store, measurer, config.seed, config.fold_margin)
     steps = folder.fold(steps)
-    report.measured += folder.measurer.evaluations
+    report.measured, report.folds_measured = measurer.evaluations, measurer.evaluations - before
     target = Target(ctx.backend, ctx.device.name, ctx.device.device_class, ctx.device.arch, ctx.toolchain)
     plan = Plan(graph, tuple(steps), target)
     stages.add("plan", started)
@@ -212,13 +209,15 @@ class _Kernels:
 
 class _Folder:
     """Layout steps folded into a neighbouring kernel step where that validates and is faster (module docstring).
-    Fold measurements are keyed by the merged subgraph but not stored: its kernel runs the folded program, which
-    its own structural hash does not say."""
+    A fold is measured as the merged subgraph (kernel and layout ops) with the neighbour's recipe, and stored like
+    any measurement, so a rerun finds it and measures nothing. Its program has the layout ops as index maps: the
+    program any merged subgraph gets where a view of a contraction's output is its store, and one a partition of
+    its own never makes otherwise (layout ops beside kernels are subgraphs of their own)."""
 
-    def __init__(self, graph: Graph, parts: Parts, chosen: Mapping[str, SubgraphReport], backend: str,
-                 measurer: Measurer, seed: int, margin: float) -> None:
-        self.graph, self.parts, self.backend, self.measurer, self.seed = graph, parts, backend, measurer, seed
-        self.margin = margin
+    def __init__(self, graph: Graph, parts: Parts, chosen: Mapping[str, SubgraphReport], ctx: Context,
+                 store: MeasurementStore, measurer: Measurer, seed: int, margin: float) -> None:
+        self.graph, self.parts, self.backend, self.measurer, self.seed = graph, parts, ctx.backend, measurer, seed
+        self.ctx, self.store, self.margin = ctx, store, margin
         self.seconds = [_step_seconds(chosen[s.structural_hash]) for s, _ in parts]
 
     def fold(self, steps: list[Step]) -> list[Step]:
@@ -249,6 +248,11 @@ class _Folder:
             task = replace(task, program=fold_layout(task.program), key=merged.structural_hash)
         except (ScheduleError, EmbedError, ValueError):
             return None
+        subgraph_id = self.store.register(merged)
+        with self.ctx.database.scope() as session:
+            stored = stored_results(session, subgraph_id=subgraph_id, device_id=self.store.device_id,
+                                    toolchain=self.ctx.toolchain)
+        self.measurer.table.results.setdefault(task.key, {}).update(stored)
         result = self.measurer.measure(task, task.key, [parse(step.recipe)])[0]
         return (result.median_s, made) if result.ok else None
 

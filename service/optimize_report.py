@@ -56,6 +56,7 @@ class OptimizeReport:
     compile_model_s: float | None = None  # torch.compile default, whole (cuda)
     model_fallback: bool = False  # the kernels lost as a whole: every subgraph runs eagerly
     measured: int = 0  # kernels measured in this run
+    folds_measured: int = 0  # of those, kernels with a layout step folded in, tried while making the plan
 
     @property
     def speedup(self) -> float | None:

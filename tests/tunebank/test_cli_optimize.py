@@ -57,8 +57,11 @@ def test_ctrl_c_keeps_what_was_measured_and_the_rerun_measures_only_the_rest(tmp
     transfers = {s["structural_hash"] for s in report["subgraphs"] if s["source"] == "transfer"}
     tried = sum(len(s["candidates"]) for s in report["subgraphs"] if s["source"] == "transfer")
     kept_there = sum(h in transfers for h, _ in kept)
-    assert report["measured"] == tried - kept_there
+    assert report["measured"] == tried - kept_there + report["folds_measured"]
     assert report["measured"] < tried or kept_there == 0
+    again = subprocess.run(_cli("optimize", MODEL, "--backend", "cpu", "--k", "2", "--no-time", "--json"), cwd=ROOT,
+                           env=_env(tmp_path), capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(again.stdout)["measured"] == 0  # every candidate and every fold is stored
 
 
 def test_optimize_writes_a_plan_and_strict_json(tmp_path: Path) -> None:
