@@ -14,10 +14,10 @@ def test_a_drifting_machine_favours_neither_of_two_identical_models() -> None:
     ticks = itertools.count()
 
     def drifting() -> None:  # each call slower than the one before, whichever model makes it
-        time.sleep(2e-4 * (1 + next(ticks) / 10))
+        time.sleep(1e-3 * (1 + next(ticks) / 10))
 
     a, b = (lambda x: drifting()), (lambda x: drifting())
-    first, second = compare([a, b], [torch.ones(1)], calls=20, warmup=1)
+    first, second = compare([a, b], [torch.ones(1)], calls=40, burst=2, warmup=1)
     # timed one after the other, the second model's calls would all come later: >= 2x slower
     assert abs(first - second) / first < 0.25
 
