@@ -1,6 +1,8 @@
 """A tunebank database filled from a ``tunebank bench transfer`` recording, with no kernel run.
 
     PYTHONPATH=. .venv/bin/python bench/db_from_recording.py bench/results/transfer_h200.json /tmp/h200.db
+    PYTHONPATH=. .venv/bin/python bench/db_from_recording.py bench/results/transfer_h200.json \
+        'postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3Dh200'   # an empty schema
 
 The crawler (``service.crawl.crawl``) runs over the recording's models with the recording's search strategy,
 budget and seed, measuring through a replay of the recording: every recipe it tries (the search, the cross
@@ -20,12 +22,13 @@ from service.crawl import CrawlReport, crawl
 from service.measure import MeasurementTable, Measurer
 
 
-def build(recording: dict, path: Path) -> tuple[CrawlReport, str]:
-    """Crawl the recording's models into a new SQLite file at ``path``; (the crawl's report, the device name)."""
+def build(recording: dict, target: Path | str) -> tuple[CrawlReport, str]:
+    """Crawl the recording's models into ``target``, a new SQLite file or a database URL (an empty database or
+    schema); (the crawl's report, the device name)."""
     config = recording["config"]
     measurer = Measurer(MeasurementTable.from_json(recording["measurements"]))
     subgraphs = [s for spec in config["models"] for s in partition(load_graph(spec))]
-    database = Database(f"sqlite:///{path}")
+    database = Database(_url(target))
     try:
         upgrade(database.engine)
         report = crawl(database, subgraphs, measurer, backend=config["backend"], strategy=config["strategy"],
@@ -35,12 +38,16 @@ def build(recording: dict, path: Path) -> tuple[CrawlReport, str]:
     return report, measurer.table.device.name
 
 
+def _url(target: Path | str) -> str:
+    return str(target) if "://" in str(target) else f"sqlite:///{target}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recording", type=Path, help="JSON report or checkpoint of tunebank bench transfer")
-    p.add_argument("database", type=Path, help="SQLite file to create (must not exist)")
+    p.add_argument("database", help="SQLite file to create (must not exist), or a database URL")
     args = p.parse_args()
-    if args.database.exists():
+    if "://" not in args.database and Path(args.database).exists():
         p.error(f"{args.database} exists; choose a new file")
     report, device = build(json.loads(args.recording.read_text()), args.database)
     print(f"{args.database}: {report.subgraphs} subgraphs, {report.measurements} measurements "

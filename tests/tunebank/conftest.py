@@ -58,7 +58,11 @@ def running_server(env: dict[str, str], *args: str) -> Iterator[str]:
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a wedged server: its threads never return
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
