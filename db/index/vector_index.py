@@ -27,7 +27,7 @@ from db.index.factory import Metric, new_index, set_search_params
 from db.index.rwlock import ReadWriteLock
 from db.index.watermark import Watermark, sha256, write_atomic
 from db.models import Embedding, Subgraph
-from db.repositories.embeddings import IndexKey, count_through, embeddings_after
+from db.repositories.embeddings import EmbeddingBatch, IndexKey, count_through, embeddings_after
 from db.session import Database
 
 OVERFETCH = 4
@@ -75,12 +75,11 @@ class VectorIndex:
         """Load the persisted index, or rebuild it from the database; then add embeddings newer than its watermark."""
         index = cls(database, key, directory, config)
         index.path.parent.mkdir(parents=True, exist_ok=True)
-        with index._lock.writing():
-            index.outcome = index._load()
-            if index.outcome is not OpenOutcome.LOADED:
-                index._rebuild()
-            elif index._add_new():
-                index._persist()
+        index.outcome = index._load()  # no lock: nothing else holds the index yet
+        if index.outcome is not OpenOutcome.LOADED:
+            index._rebuild(index._fetch(0))
+        elif index._add(index._fetch(index._last_id)):
+            index._persist()
         return index
 
     @property
@@ -92,17 +91,21 @@ class VectorIndex:
         return self._last_id
 
     def sync(self, *, persist: bool = True) -> int:
-        """Add embeddings committed since the last sync; returns how many were added."""
+        """Add embeddings committed since the last sync; returns how many were added. The database is read before
+        the lock is taken: a writer waiting for a connection while searches hold the pool's connections and wait
+        for the lock would wait forever."""
+        batches = self._fetch(self._last_id)
         with self._lock.writing():
-            added = self._add_new()
+            added = self._add(batches)
             if added and persist:
                 self._persist()
             return added
 
     def rebuild(self) -> None:
         """Build the index again from every embedding in the database, and persist it."""
+        batches = self._fetch(0)
         with self._lock.writing():
-            self._rebuild()
+            self._rebuild(batches)
 
     def search(
         self, session: Session, vector: np.ndarray, k: int, *, kinds: set[str] | frozenset[str] | None = None
@@ -111,20 +114,21 @@ class VectorIndex:
         if k < 1:
             raise InvalidRecordError(f"k must be >= 1, got {k}")
         query = np.ascontiguousarray(np.asarray(vector, dtype=np.float32).reshape(1, -1))
-        with self._lock.reading():
-            if self._index is None or self._index.ntotal == 0:
-                return SearchResult([], [], [])
-            if query.shape[1] != self._index.d:
-                raise InvalidRecordError(f"query has dimension {query.shape[1]}, the index has {self._index.d}")
-            fetch = k if kinds is None else k * OVERFETCH
-            while True:
-                distances, ids = self._index.search(query, min(fetch, self._index.ntotal))
-                found = [(int(i), float(d)) for i, d in zip(ids[0], distances[0], strict=True) if i >= 0]
-                rows = _subgraphs_of(session, [i for i, _ in found], kinds)
-                hits = [(i, d) for i, d in found if i in rows][:k]
-                if len(hits) == k or fetch >= self._index.ntotal:
-                    break
-                fetch *= OVERFETCH
+        fetch = k if kinds is None else k * OVERFETCH
+        while True:
+            with self._lock.reading():  # the index only: the database is read outside the lock (see sync)
+                if self._index is None or self._index.ntotal == 0:
+                    return SearchResult([], [], [])
+                if query.shape[1] != self._index.d:
+                    raise InvalidRecordError(f"query has dimension {query.shape[1]}, the index has {self._index.d}")
+                total = self._index.ntotal
+                distances, ids = self._index.search(query, min(fetch, total))
+            found = [(int(i), float(d)) for i, d in zip(ids[0], distances[0], strict=True) if i >= 0]
+            rows = _subgraphs_of(session, [i for i, _ in found], kinds)
+            hits = [(i, d) for i, d in found if i in rows][:k]
+            if len(hits) == k or fetch >= total:
+                break
+            fetch *= OVERFETCH
         return SearchResult([i for i, _ in hits], [d for _, d in hits], [rows[i] for i, _ in hits])
 
     def _load(self) -> OpenOutcome:
@@ -153,21 +157,29 @@ class VectorIndex:
         self._index, self._last_id = index, mark.last_id
         return OpenOutcome.LOADED
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, batches: list[EmbeddingBatch]) -> None:
         self._index, self._last_id = None, 0
-        if self._add_new():
+        if self._add(batches):
             self._persist()
         else:
             self.path.unlink(missing_ok=True)
             self.watermark_path.unlink(missing_ok=True)
 
-    def _add_new(self) -> int:
+    def _fetch(self, after: int) -> list[EmbeddingBatch]:
         with self.database.sessions() as session:
-            batches = list(embeddings_after(session, self.key, self._last_id))
+            return list(embeddings_after(session, self.key, after))
+
+    def _add(self, batches: list[EmbeddingBatch]) -> int:
+        """Adds the embeddings of ``batches`` the index does not hold yet (another sync may have added some since
+        they were read)."""
         if not batches:
             return 0
         ids = np.concatenate([b.ids for b in batches])
         vectors = np.concatenate([b.vectors for b in batches])
+        fresh = ids > self._last_id
+        ids, vectors = ids[fresh], vectors[fresh]
+        if not len(ids):
+            return 0
         if self._index is None:
             self._index = new_index(self.config.factory, vectors.shape[1], self.config.metric)
             set_search_params(self._index, self.config.search_params)

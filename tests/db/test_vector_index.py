@@ -4,7 +4,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from db.errors import IndexConfigError, InvalidRecordError
 from db.index import IndexConfig, IndexKey, Metric, OpenOutcome, VectorIndex
@@ -213,3 +213,36 @@ def test_readers_search_while_a_writer_adds(filled, tmp_path: Path, seed) -> Non
         t.join()
     assert errors == [] and len(results) == 120 and set(results) == {expected}
     assert index.ntotal == 160
+
+
+def test_a_sync_never_waits_for_a_connection_under_the_lock_while_searches_hold_the_pool(filled, tmp_path: Path,
+                                                                                         seed) -> None:
+    database, s, vectors = filled
+    small = Database(database.url, pool_size=2, max_overflow=0, pool_timeout=5)  # searches can hold the whole pool
+    index = VectorIndex.open(small, KEY, tmp_path, IndexConfig())
+    extra = seed(database, 100)
+    errors: list[BaseException] = []
+
+    def read() -> None:  # as the HTTP search does: a session in use, then the index
+        try:
+            for _ in range(40):
+                with small.sessions() as session:
+                    session.execute(select(Embedding.id).limit(1)).all()
+                    index.search(session, vectors[3], 2)
+        except BaseException as e:  # noqa: BLE001 (collected and asserted below)
+            errors.append(e)
+
+    readers = [threading.Thread(target=read) for _ in range(6)]
+    for t in readers:
+        t.start()
+    for chunk in range(4):
+        _embed(database, extra.ids[60 + 10 * chunk : 70 + 10 * chunk], s.device_id, _vectors(10, 200 + chunk) + 50)
+        try:
+            index.sync(persist=False)
+        except BaseException as e:  # noqa: BLE001 (a pool timeout under the lock: the deadlock, cut short)
+            errors.append(e)
+    for t in readers:
+        t.join(timeout=120)
+    small.dispose()
+    assert errors == [] and not any(t.is_alive() for t in readers)
+    assert index.ntotal == 100
