@@ -10,15 +10,31 @@ itself: a held-out subgraph that another model also has is excluded from its own
 subgraph is also tried with the default recipe, eager PyTorch and the best of k random recipes (measured before
 the folds, so that a run's bulk of kernels comes first).
 
-The optimum of a subgraph is the fastest time measured on it by anything in the run. All numbers go through one
-``Measurer``, so a run can be recorded and replayed exactly.
+Splits (``split``): ``model`` holds out one model per fold (a subgraph another model also has stays in the database,
+excluded only from its own neighbours); ``family`` holds out every model of a zoo family together, and no subgraph
+any of them has is in the fold's database.
+
+Fills (``fills``): the places the neighbours leave are left empty (``none``), filled with variants, vendor-ranked
+and uniform random recipes (``random``), or with variants, vendor-ranked and the recipes a cost model fitted on the
+fold's database ranks best (``model``, ``service.cost_model``) of a pool: :data:`~service.transfer.POOL` random
+recipes (``fill_pool="space"``), or (``"recorded"``, so that a recording made without it replays) the uniform random
+recipes the run measures anyway: the random baseline's picks and, when ``strategy`` is random, the subgraph's own
+search.
+
+The optimum of a subgraph is the fastest time measured on it by anything in the run (a replay: anything the
+recording holds). With ``optimum="strong"`` each held-out subgraph's space is also searched after the folds:
+exhaustively where it has fewer than ``exhaustive_below`` recipes, else by an evolutionary search of
+``strong_budget`` new recipes seeded with every recipe a transfer could take from the other subgraphs (the cross
+table), its own search, the random picks and the vendor-ranked recipes. It runs before the folds and depends on none
+of them, so one recording holds it for every split, encoder and fill. All numbers go through one ``Measurer``, so a
+run can be recorded, resumed and replayed exactly; the strong optimum is paid once per device.
 """
 
 import functools
 import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +49,16 @@ from embed.importers import load_model
 from embed.ir import Graph
 from embed.partition import partition
 from embed.subgraph import Subgraph
+from service.cost_model import CostModel, fit_cost_model
 from service.crawl import baseline, best_of, cross_recipes, profile_vector, tune_one
 from service.embeddings import embed_subgraphs, fit_encoder
 from service.measure import Measurer
 from service.store import add_measurements, add_profiles, add_subgraphs, register_device, static_vector
 from service.transfer import Neighbour, neighbours, random_recipes, transfer_from
 from transforms.adapt import adapt
-from transforms.recipe import parse
+from transforms.recipe import Recipe, parse
+from transforms.search.evolutionary import Evolutionary
+from transforms.search.strategy import search
 from transforms.space import RecipeSpace, default_recipe
 from transforms.tune import Task, make_task
 
@@ -48,6 +67,23 @@ Progress = Callable[[str], None]
 #: perfect encoder would. Without fill no encoder's transfer beats it; with fill it shows the headroom left to a
 #: better neighbour ranking (the fill after the best neighbours is the same).
 ORACLE = "oracle"
+SPLITS = ("model", "family")
+FILLS = ("none", "random", "model")
+OPTIMA = ("recorded", "strong")
+FILL_POOLS = ("space", "recorded")
+
+
+def family_of(spec: str) -> str:
+    """The zoo family of a model (``bert_encoder`` of ``bert_encoder-h512-s128-b4``); an ONNX file is its own."""
+    if spec.lower().endswith(".onnx"):
+        return spec
+    return spec.removeprefix("zoo:").partition("-")[0]
+
+
+def transfer_key(encoder: str, fill: str, config: "BenchConfig") -> str:
+    """Key of ``HeldOut.transfer`` for an encoder with a fill: the encoder's name for the first fill of the run
+    (what recordings made before fills were compared hold), ``ENCODER|FILL`` for the others."""
+    return encoder if fill == config.fill_modes[0] else f"{encoder}|{fill}"
 
 
 @dataclass(frozen=True)
@@ -65,10 +101,25 @@ class BenchConfig:
     fill: bool = True  # variants, vendor-ranked and random recipes make up the candidates the neighbours did not give
     seed: int = 0
     encoder_seed: int | None = None  # seed of the trained encoders (default: seed); the measurements do not use it
+    split: str = "model"  # "model": leave one model out; "family": leave one zoo family out
+    fills: tuple[str, ...] | None = None  # fills compared (none | random | model); default: random, or none w/o fill
+    fill_pool: str = "space"  # what the cost model ranks: POOL random recipes, or the "recorded" random ones
+    optimum: str = "recorded"  # "strong": exhaustive below exhaustive_below recipes, else evolutionary search
+    exhaustive_below: int = 2000
+    strong_budget: int = 256
 
     def __post_init__(self) -> None:
         if len(self.models) < 2:
             raise ValueError("leave-one-model-out needs at least 2 models")
+        for value, allowed, what in ((self.split, SPLITS, "split"), (self.optimum, OPTIMA, "optimum"),
+                                     (self.fill_pool, FILL_POOLS, "fill pool"),
+                                     *((f, FILLS, "fill") for f in self.fill_modes)):
+            if value not in allowed:
+                raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
+        if self.split == "family" and len({family_of(m) for m in self.models}) < 2:
+            raise ValueError("leave-one-family-out needs models of at least 2 families")
+        if self.strong_budget < 1 or self.exhaustive_below < 0:
+            raise ValueError("the strong optimum needs --strong-budget >= 1 and --exhaustive-below >= 0")
         for name in self.encoders:
             if name != ORACLE:
                 encoders.get(name)  # UnknownNameError lists the valid names
@@ -86,6 +137,10 @@ class BenchConfig:
     def training_seed(self) -> int:
         return self.seed if self.encoder_seed is None else self.encoder_seed
 
+    @property
+    def fill_modes(self) -> tuple[str, ...]:
+        return self.fills or (("random",) if self.fill else ("none",))
+
 
 @dataclass
 class HeldOut:
@@ -102,8 +157,12 @@ class HeldOut:
     optimum_s: float = math.inf
     search_s: float = math.inf  # best of the subgraph's own large-budget search
     searched: int = 0  # distinct recipes the search measured, the default included (space_size: all of them)
-    transfer: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # encoder -> k -> outcome
+    transfer: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # transfer_key -> k -> outcome
     random: dict[int, float] = field(default_factory=dict)  # k -> best of default + k random recipes
+    fold: str = ""  # the model (split "model") or family (split "family") held out
+    recorded: int = 0  # distinct recipes measured on it in the whole run or recording (space_size: all of them)
+    optimum_search: str = "recorded"  # "exhaustive" or "evolutionary" where the strong optimum searched it
+    strong_searched: int = 0  # recipes the strong optimum's search proposed (those not measured before ran)
 
 
 def load_graph(spec: str) -> Graph:
@@ -128,19 +187,34 @@ class TransferBench:
     def run(self) -> list[HeldOut]:
         self._load()
         self._tune_all()
-        held = [m for m in self.config.models if self.config.held_out is None or m in self.config.held_out]
-        keys = list(dict.fromkeys(k for m in held for k in self.models[m]))
+        folds = self._folds()
+        keys = list(dict.fromkeys(k for _, models in folds for m in models for k in self.models[m]))
         picks = {}
         for n, key in enumerate(keys, 1):
             self.progress(f"random picks {n}/{len(keys)}")
             picks[key] = self._random_k(key)
-        outcomes = [o for i, model in enumerate(held) for o in self._fold(i, model)]
+        strong = {}
+        if self.config.optimum == "strong":
+            for n, key in enumerate(keys, 1):
+                self.progress(f"strong optimum {n}/{len(keys)}: {self.tasks[key].name[:60]}")
+                strong[key] = self._strong(key)
+        outcomes = [o for i, (name, models) in enumerate(folds) for o in self._fold(i, name, models)]
         for o in outcomes:
             o.random = picks[o.key]
-        for o in outcomes:
-            ok = [v for v in self.measurer.table.results[o.key].values() if not isinstance(v, str)]
-            o.optimum_s = min(ok, default=math.inf)
+            o.optimum_search, o.strong_searched = strong.get(o.key, ("recorded", 0))
+            recorded = self.measurer.table.results[o.key]
+            ok = [v for v in recorded.values() if not isinstance(v, str)]
+            o.optimum_s, o.recorded = min(ok, default=math.inf), len(recorded)
         return outcomes
+
+    def _folds(self) -> list[tuple[str, list[str]]]:
+        """(name, models held out together) per fold, in the order of ``models``."""
+        c = self.config
+        held = [m for m in c.models if c.held_out is None or m in c.held_out]
+        if c.split == "model":
+            return [(m, [m]) for m in held]
+        families = list(dict.fromkeys(family_of(m) for m in held))
+        return [(f, [m for m in c.models if family_of(m) == f]) for f in families]
 
     def _load(self) -> None:
         for spec in self.config.models:
@@ -190,43 +264,104 @@ class TransferBench:
             add_profiles(session, device_id, profiles)
         return database, device_id, ids
 
-    def _fold(self, fold: int, model: str) -> list[HeldOut]:
-        held = self.models[model]
-        train = list(dict.fromkeys(k for m, keys in self.models.items() if m != model for k in keys))
-        self.progress(f"fold {fold + 1}: holding out {model} ({len(held)} subgraphs, {len(train)} in the database)")
+    def _fold(self, fold: int, name: str, held_models: Sequence[str]) -> list[HeldOut]:
+        held = list(dict.fromkeys(k for m in held_models for k in self.models[m]))
+        others = [m for m in self.models if m not in held_models]
+        train = list(dict.fromkeys(k for m in others for k in self.models[m]))
+        if self.config.split == "family":  # nothing the held-out family has is in its database
+            train = [k for k in train if k not in set(held)]
+        self.progress(f"fold {fold + 1}: holding out {name} ({len(held)} subgraphs, {len(train)} in the database)")
         database, device_id, ids = self._training_db(fold, train)
-        outcomes = {key: self._held_out(model, key, key in ids) for key in held}
+        shared = {k for m in others for k in self.models[m]}
+        outcomes = {key: self._held_out(name, key, key in shared) for key in held}
         try:
-            for name in self.config.encoders:
-                if name == ORACLE:
+            cost_model = self._cost_model(database, device_id, [ids[k] for k in train if k not in set(held)])
+            for encoder in self.config.encoders:
+                if encoder == ORACLE:
                     for key in held:
                         with database.scope() as session:
                             ranked = self._oracle_ranking(key, session, device_id, ids)
-                        outcomes[key].transfer[name] = self._transfers(key, functools.partial(_first, ranked))
+                        self._transfers(outcomes[key], encoder, functools.partial(_first, ranked), cost_model)
                     continue
                 with database.scope() as session:
-                    encoder = fit_encoder(session, name, device_id=device_id, subgraph_ids=list(ids.values()),
-                                          backend=self.backend, seed=self.config.training_seed)
-                    index_key = embed_subgraphs(session, encoder, device_id=device_id, subgraph_ids=list(ids.values()))
+                    fitted = fit_encoder(session, encoder, device_id=device_id, subgraph_ids=list(ids.values()),
+                                         backend=self.backend, seed=self.config.training_seed)
+                    index_key = embed_subgraphs(session, fitted, device_id=device_id, subgraph_ids=list(ids.values()))
                 index = VectorIndex.open(database, index_key, self.workdir / f"index{fold}", IndexConfig("Flat"))
                 for key in held:
-                    vector = encoder.encode(self._query_features(key, encoder.uses_profile))[0]
+                    vector = fitted.encode(self._query_features(key, fitted.uses_profile))[0]
                     with database.scope() as session:
                         near = functools.partial(neighbours, session, index, vector, task=self.tasks[key],
                                                  device_id=device_id, backend=self.backend, exclude={key},
                                                  per_neighbour=self.config.per_neighbour)
-                        outcomes[key].transfer[name] = self._transfers(key, near)
+                        self._transfers(outcomes[key], encoder, near, cost_model)
         finally:
             database.dispose()
-        return list(outcomes.values())
+        return [replace(outcomes[key], model=model, transfer=dict(outcomes[key].transfer))
+                for model in held_models for key in self.models[model]]
 
-    def _transfers(self, key: str, near: Callable[..., Sequence[Neighbour]]) -> dict[int, dict[str, Any]]:
-        """Transfer-tune held-out subgraph ``key`` from ``near(k)`` for each k."""
-        c = self.config
-        return {k: _summary(transfer_from(self.tasks[key], key, near(k=k), measurer=self.measurer, backend=self.backend,
-                                          wanted=k * c.per_neighbour, local_budget=c.local_budget, seed=c.seed,
-                                          fill=c.fill))
-                for k in c.ks}
+    def _cost_model(self, database: Database, device_id: int, subgraph_ids: list[int]) -> CostModel | None:
+        """The fold's cost model (fitted on its training subgraphs' measurements) when a fill needs one."""
+        if "model" not in self.config.fill_modes:
+            return None
+        with database.scope() as session:
+            try:
+                return fit_cost_model(session, device_id=device_id, toolchain=self.measurer.table.toolchain,
+                                      subgraph_ids=subgraph_ids, seed=self.config.seed)
+            except ValueError:  # no measurements: the model fill falls back to random recipes
+                return None
+
+    def _transfers(self, outcome: HeldOut, encoder: str, near: Callable[..., Sequence[Neighbour]],
+                   cost_model: CostModel | None) -> None:
+        """Transfer-tune held-out subgraph ``outcome.key`` from ``near(k)`` for each k and fill."""
+        c, key = self.config, outcome.key
+        for fill in c.fill_modes:
+            rank, pool = None, None
+            if fill == "model" and cost_model is not None:
+                rank = functools.partial(cost_model.predict, static_vector(self.subgraphs[key]))
+                pool = self._recorded_pool(key) if c.fill_pool == "recorded" else None
+            per_k = {}
+            for k in c.ks:
+                result = transfer_from(self.tasks[key], key, near(k=k), measurer=self.measurer, backend=self.backend,
+                                       wanted=k * c.per_neighbour, local_budget=c.local_budget, seed=c.seed,
+                                       fill=fill != "none", rank=rank, pool=pool)
+                per_k[k] = _summary(result)
+            outcome.transfer[transfer_key(encoder, fill, c)] = per_k
+
+    def _recorded_pool(self, key: str) -> list[Recipe]:
+        """The uniform random recipes the run measures on ``key`` anyway: the random baseline's picks, and its own
+        search when that is a random one."""
+        space = RecipeSpace(self.tasks[key].program, self.backend)
+        pool = random_recipes(space, max(self.config.random_k), seed=self.config.seed)
+        if self.config.strategy == "random":
+            pool += [parse(r) for r, _ in self.own[key]]
+        return list(dict.fromkeys(pool))
+
+    def _strong(self, key: str) -> tuple[str, int]:
+        """Search held-out subgraph ``key`` for the strong optimum: every recipe of a space under
+        ``exhaustive_below``, else ``strong_budget`` new recipes of an evolutionary search seeded with every recipe a
+        transfer could take (the cross table: each same-kind subgraph's best, adapted), its own search, the random
+        picks and the vendor-ranked recipes; (how, recipes proposed). It runs before the folds and depends on none
+        of them (split, encoders, fills), so a recording holds it once for every replay."""
+        c, task = self.config, self.tasks[key]
+        space = RecipeSpace(task.program, self.backend)
+
+        def measure(recipes: Sequence[Recipe]) -> list[Any]:
+            return self.measurer.measure(task, key, list(recipes))
+
+        if space.size() < c.exhaustive_below:
+            everything = list(space.enumerate())
+            for start in range(0, len(everything), 64):
+                measure(everything[start: start + 64])
+            return "exhaustive", len(everything)
+        seeds = list(dict.fromkeys([default_recipe(task.program, self.backend), *(parse(r) for r, _ in self.own[key]),
+                                    *(parse(r) for r in sorted(set(self.cross[key].values()))),
+                                    *random_recipes(space, max(c.random_k), seed=c.seed), *space.vendor_ranked()]))
+        searcher = Evolutionary(space, budget=len(seeds) + c.strong_budget, seed=c.seed)
+        searcher.asked.update(seeds)  # the budget buys strong_budget recipes the seeds do not hold
+        searcher.tell(list(zip(seeds, measure(seeds), strict=True)))
+        search(searcher, measure)
+        return "evolutionary", len(searcher.asked) - len(seeds)
 
     def _oracle_ranking(self, key: str, session: Session, device_id: int, ids: Mapping[str, int]) -> list[Neighbour]:
         """Every training subgraph of the held-out subgraph's kind (``ids``: key -> row id) with the best recipe the
@@ -241,13 +376,13 @@ class TransferBench:
         ranked = sorted(zip(adapted.items(), times, strict=True), key=lambda c: c[1].score)
         return [Neighbour(i, rows[i], result.score, stored[i].recipe, recipe, ()) for (i, recipe), result in ranked]
 
-    def _held_out(self, model: str, key: str, exact: bool) -> HeldOut:
+    def _held_out(self, fold: str, key: str, exact: bool) -> HeldOut:
         task = self.tasks[key]
         base = baseline(task, key, self.measurer, self.backend)
         own = dict(self.own[key])
-        return HeldOut(model, key, task.kind, task.name, RecipeSpace(task.program, self.backend).size(), exact,
+        return HeldOut(fold, key, task.kind, task.name, RecipeSpace(task.program, self.backend).size(), exact,
                        base.default_s, base.eager_s, search_s=min((m.score for m in own.values()), default=math.inf),
-                       searched=len(own))
+                       searched=len(own), fold=fold)
 
     def _query_features(self, key: str, profiled: bool) -> FeatureSet:
         subgraph, task = self.subgraphs[key], self.tasks[key]

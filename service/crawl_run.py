@@ -1,6 +1,7 @@
 """A whole crawl, resumable: pick the subgraphs (open demand first, then zoo models, then ONNX files in folders),
 tune the ones not yet crawled on this device and toolchain, run the cross table, then retrain the learned encoder
-when enough new data arrived (``service.crawl_encoder``).
+when enough new data arrived (``service.crawl_encoder``) and refit the cost model that ranks transfer's fill on every
+measurement of the device and toolchain (``service.cost_model.cost_model_step``).
 
     result = run_crawl(database, CrawlParams(models=("lm_head",), backend="cpu", budget=8), measurer,
                        store=EncoderStore(dir), progress=progress)
@@ -43,6 +44,7 @@ from embed.importers import load_model
 from embed.ir import Graph, graph_from_json
 from embed.partition import partition
 from embed.subgraph import Subgraph, SubgraphKind
+from service.cost_model import CostModelStore, cost_model_step
 from service.crawl import baseline, cross_recipes, profile_vector, tune_one
 from service.crawl_encoder import encoder_step
 from service.embeddings import EncoderStore
@@ -160,8 +162,9 @@ class Crawl:
     """One crawl's state: its device, measurer (stored as it measures), subgraphs and checkpoint."""
 
     def __init__(self, database: Database, params: CrawlParams, measurer: Measurer, *, store: EncoderStore | None,
-                 progress: JobProgress, crawl_id: int | None = None) -> None:
+                 progress: JobProgress, crawl_id: int | None = None, cost_models: CostModelStore | None = None) -> None:
         self.database, self.params, self.store, self.progress = database, params, store, progress
+        self.cost_models = cost_models
         self.crawl_id = progress.job_id if crawl_id is None else crawl_id  # the job measurements are recorded under
         self.device, self.toolchain = measurer.table.device, measurer.table.toolchain
         self.inner = measurer
@@ -317,6 +320,7 @@ class Crawl:
         encoder = encoder_step(self.database, self.store, device_id=self.device_id, backend=self.params.backend,
                                retrain_min=self.params.retrain_min, seed=self.params.seed, progress=self.progress,
                                checkpoint=self.checkpoint)
+        cost_model = self.refit_cost_model()
         self.progress(1.0, "done")
         with self.database.scope() as session:
             measured = session.scalar(select(func.count()).select_from(Measurement)
@@ -326,7 +330,22 @@ class Crawl:
         return {"models": self.checkpoint["models"], "refused_files": self.checkpoint.get("refused", {}),
                 "subgraphs": len(planned), "tuned": len(todo), "skipped": len(planned) - len(todo),
                 "measured": int(measured or 0), "cross_applications": applied, "device": self.device.name,
-                "toolchain": self.toolchain, "encoder": encoder, **sharded}
+                "toolchain": self.toolchain, "encoder": encoder, "cost_model": cost_model, **sharded}
+
+    def refit_cost_model(self) -> dict[str, Any]:
+        """The cost model refitted on every subgraph measured on this device and toolchain (a resumed crawl fits
+        the same one again: the fit is a function of the stored measurements)."""
+        assert self.store is not None, "the cost model is refitted by the crawl job, which has an encoder store"
+        store = self.cost_models or CostModelStore(self.store.directory.parent / "cost_models")
+        self.progress(ENCODER, "cost model")
+        with self.database.scope() as session:
+            ids = list(session.scalars(select(Measurement.subgraph_id).distinct().where(
+                Measurement.device_id == self.device_id, Measurement.toolchain == self.toolchain)))
+        try:
+            return cost_model_step(self.database, store, device_id=self.device_id, device=self.device.name,
+                                   toolchain=self.toolchain, subgraph_ids=sorted(ids), seed=self.params.seed)
+        except ValueError as e:  # nothing measured
+            return {"promote": False, "reason": str(e)}
 
 
 def _pages(items: list[int], size: int = 1000) -> list[list[int]]:
@@ -334,9 +353,10 @@ def _pages(items: list[int], size: int = 1000) -> list[list[int]]:
 
 
 def run_crawl(database: Database, params: CrawlParams, measurer: Measurer, *, store: EncoderStore,
-              progress: JobProgress) -> dict[str, Any]:
-    """Run (or resume, from ``progress.checkpoint``) one crawl; returns its summary."""
-    return Crawl(database, params, measurer, store=store, progress=progress).run()
+              progress: JobProgress, cost_models: CostModelStore | None = None) -> dict[str, Any]:
+    """Run (or resume, from ``progress.checkpoint``) one crawl; returns its summary. Cost models go to
+    ``cost_models`` (default: ``cost_models`` beside the encoder store's folder)."""
+    return Crawl(database, params, measurer, store=store, progress=progress, cost_models=cost_models).run()
 
 
 def run_shard(database: Database, params: dict[str, Any], measurer: Measurer, *,
@@ -373,7 +393,7 @@ def crawl_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:
     context = progress.context
     with _live(CrawlParams.from_params(params), context) as (crawl, measurer):
         return run_crawl(context.database, crawl, measurer, store=EncoderStore(context.data_dir / "encoders"),
-                         progress=progress)
+                         progress=progress, cost_models=CostModelStore(context.data_dir / "cost_models"))
 
 
 def crawl_shard_job(params: dict[str, Any], progress: JobProgress) -> dict[str, Any]:

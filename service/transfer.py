@@ -8,7 +8,9 @@ adapts to nothing, the database has no subgraph of the kind): with ``fill`` the 
 subgraph has but their stored recipe lacks (crawled before the knob existed: ``Neighbour.newer_knobs``), then to
 the vendor library's own ranked alternatives (``RecipeSpace.vendor_ranked``: e.g. cuBLASLt's heuristic algorithms
 for a GEMM, chosen by NVIDIA's model of the device and compiling no kernel of ours), then to uniform random recipes
-(:func:`random_recipes`), so that k buys the same number of measurements whatever the neighbours hold.
+(:func:`random_recipes`), so that k buys the same number of measurements whatever the neighbours hold. Given a
+``rank`` (a cost model's scores: ``service.cost_model``), the last places go instead to the best-ranked recipes of a
+``pool`` of candidates (by default :data:`POOL` uniform random recipes), origin ``model``.
 
     result = transfer_tune(task, key, vector, session=s, index=index, device_id=d, measurer=m, backend="cpu", k=5)
     result.winner, result.winner_s, result.evaluations, [(n.distance, n.changes) for n in result.neighbours]
@@ -35,6 +37,11 @@ from transforms.search.strategy import search
 from transforms.space import RecipeSpace
 from transforms.tune import Task
 
+#: Candidates a cost model ranks for the fill when no pool is given: this many uniform random recipes.
+POOL = 256
+#: Scores recipes for one subgraph (higher: predicted faster), e.g. ``CostModel.predict`` with its features.
+Rank = Callable[[Sequence[Recipe]], Sequence[float]]
+
 
 @dataclass(frozen=True)
 class Neighbour:
@@ -53,7 +60,7 @@ class Neighbour:
 class Tried:
     recipe: str
     result: RunResult
-    origin: str  # "default", "neighbour", "variant", "vendor" or "random" (fill), or "local"
+    origin: str  # "default", "neighbour", "variant", "vendor", "random" or "model" (fill), or "local"
 
 
 @dataclass(frozen=True)
@@ -118,14 +125,19 @@ def random_recipes(space: RecipeSpace, n: int, *, seed: int) -> list[Recipe]:
 
 
 def _fill(space: RecipeSpace, near: Sequence[Neighbour], taken: Collection[Recipe], wanted: int, *,
-          seed: int) -> dict[Recipe, str]:
+          seed: int, rank: Rank | None = None, pool: Sequence[Recipe] | None = None) -> dict[Recipe, str]:
     """Up to ``wanted`` recipes not in ``taken``, each with its origin, in order: the neighbours' variants over the
-    knobs they were stored without, the vendor-ranked recipes, uniform random ones."""
+    knobs they were stored without, the vendor-ranked recipes, then uniform random ones, or with ``rank`` the
+    best-ranked of ``pool`` (default: :data:`POOL` random recipes; ties keep the pool's order)."""
     sources: list[tuple[str, Callable[[], Iterable[Recipe]]]] = [
         ("variant", lambda: (v for n in near for v in space.variants(parse(n.recipe), n.newer_knobs))),
         ("vendor", space.vendor_ranked),
-        ("random", lambda: random_recipes(space, wanted + len(taken), seed=seed)),
     ]
+    if rank is None:
+        sources.append(("random", lambda: random_recipes(space, wanted + len(taken), seed=seed)))
+    else:
+        sources.append(("model", lambda: _ranked(rank, random_recipes(space, POOL, seed=seed) if pool is None
+                                                 else pool)))
     chosen: dict[Recipe, str] = {}
     for origin, candidates in sources:
         for recipe in candidates():
@@ -136,26 +148,36 @@ def _fill(space: RecipeSpace, near: Sequence[Neighbour], taken: Collection[Recip
     return chosen
 
 
+def _ranked(rank: Rank, pool: Sequence[Recipe]) -> list[Recipe]:
+    candidates = list(dict.fromkeys(pool))
+    scores = np.asarray(rank(candidates), dtype=float) if candidates else np.zeros(0)
+    return [candidates[i] for i in np.argsort(-scores, kind="stable")]
+
+
 def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session, index: VectorIndex, device_id: int,
                   measurer: Measurer, backend: str, k: int = 5, local_budget: int = 0, exclude: Collection[str] = (),
-                  seed: int = 0, per_neighbour: int = 1, fill: bool = False) -> TransferResult:
+                  seed: int = 0, per_neighbour: int = 1, fill: bool = False, rank: Rank | None = None
+                  ) -> TransferResult:
     """Transfer-tune one subgraph (``key``: its structural hash; ``vector``: its embedding for ``index``) from its
     ``k`` nearest neighbours, each giving its ``per_neighbour`` fastest recipes (:func:`transfer_from`)."""
     near = neighbours(session, index, vector, task=task, device_id=device_id, k=k, backend=backend, exclude=exclude,
                       per_neighbour=per_neighbour)
     return transfer_from(task, key, near, measurer=measurer, backend=backend, wanted=k * per_neighbour,
-                         local_budget=local_budget, seed=seed, fill=fill)
+                         local_budget=local_budget, seed=seed, fill=fill, rank=rank)
 
 
 def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
-                  local_budget: int = 0, seed: int = 0, fill: bool = False) -> TransferResult:
+                  local_budget: int = 0, seed: int = 0, fill: bool = False, rank: Rank | None = None,
+                  pool: Sequence[Recipe] | None = None) -> TransferResult:
     """Validate and time the default recipe and the neighbours' recipes on the task, keep the fastest; with
     ``fill``, the neighbours' variants over the knobs they were stored without, then vendor-ranked recipes, then
-    random ones make up the ``wanted`` candidates the neighbours did not give."""
+    random ones (with ``rank``: the best-ranked of ``pool``) make up the ``wanted`` candidates the neighbours did
+    not give."""
     space = RecipeSpace(task.program, backend)
     default = space.default
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default]
-    filled = _fill(space, near, {default, *given}, wanted - len(given), seed=seed) if fill else {}
+    filled = (_fill(space, near, {default, *given}, wanted - len(given), seed=seed, rank=rank, pool=pool)
+              if fill else {})
     searcher = create("given_candidates", space, candidates=[default, *given, *filled], local_budget=local_budget,
                       seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))

@@ -9,8 +9,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from embed.partition import partition
 from service.bench_report import report_json, report_markdown, table
-from service.bench_transfer import ORACLE, BenchConfig, run_bench
+from service.bench_transfer import ORACLE, BenchConfig, load_graph, run_bench
 from service.measure import (
     Checkpoint,
     MeasurementTable,
@@ -19,9 +20,11 @@ from service.measure import (
     RunStopped,
     live_measurer,
 )
-from tests.service.conftest import DEVICE
+from tests.service.conftest import DEVICE, synthetic_seconds
 from transforms.compilers.cpu import toolchain_id
+from transforms.results import RunResult
 from transforms.run import Worker
+from transforms.tune import make_task
 from tunebank.cli.bench import transfer_command
 
 DATA = Path(__file__).parent / "data"
@@ -62,7 +65,7 @@ def test_real_cpu_run_stopped_resumed_and_replayed_exactly(tmp_path: Path, monke
     assert rows[("default recipe", "-", None)]["evaluations"] == 1.0
     assert 0 < rows[("transfer", "learned", 2)]["fraction_of_optimum"] <= 1.0
     markdown = report_markdown(outcomes, REAL, measurer)
-    assert "| transfer | static+profiled | 2 |" in markdown and "| contraction | 4 | " in markdown
+    assert "| transfer | static+profiled | random | 2 |" in markdown and "| contraction | 4 | " in markdown
 
     replay = Measurer(MeasurementTable.from_json(report["measurements"]))
     again = run_bench(REAL, replay, workdir=tmp_path / "replay")
@@ -127,7 +130,7 @@ def test_cli_replays_a_recording(tmp_path: Path) -> None:
     assert len(report["held_out"]) == 2 and report["kernels_run"] == 0
     assert (report["config"]["seed"], report["config"]["encoder_seed"]) == (0, 3)  # the measurements keep seed 0
     assert (replace(REAL, seed=2).training_seed, replace(REAL, seed=2, encoder_seed=0).training_seed) == (2, 0)
-    assert "| transfer | static | 5 |" in out.with_suffix(".md").read_text()
+    assert "| transfer | static | random | 5 |" in out.with_suffix(".md").read_text()
     bad = CliRunner().invoke(app, ["--models", "a", "--replay", "x.json"])
     assert bad.exit_code == 2 and "at least 2 models" in bad.output
     missing = CliRunner().invoke(app, ["--models", ",".join(recording["models"]), "--budget", "3",
@@ -151,7 +154,7 @@ def test_cli_stops_at_its_time_limit_and_resumes_from_the_checkpoint(tmp_path: P
     report = json.loads(out.with_suffix(".json").read_text())
     assert [r["kernels"] for r in report["runs"]] == [0, report["kernels_run"]] and report["kernels_run"] > 10
     assert json.loads(checkpoint.read_text())["measurements"] == report["measurements"]
-    assert "| transfer | static | 1 |" in out.with_suffix(".md").read_text()
+    assert "| transfer | static | random | 1 |" in out.with_suffix(".md").read_text()
 
     report["measurements"]["device"]["name"] = "cuda:NVIDIA H200"
     checkpoint.write_text(json.dumps(report))
@@ -159,3 +162,103 @@ def test_cli_stops_at_its_time_limit_and_resumes_from_the_checkpoint(tmp_path: P
     assert other.exit_code == 2 and "was measured on cuda:NVIDIA H200" in other.output
     unsaved = CliRunner().invoke(app, ["--models", "a,b", "--stop-after", "60"])
     assert unsaved.exit_code == 2 and "--stop-after needs --checkpoint" in unsaved.output
+
+
+class _Counting(Measurer):
+    """The synthetic measurer (conftest), recording every (subgraph, recipe) it runs."""
+
+    def __init__(self, table: MeasurementTable, runs: list[tuple[str, str]], checkpoint: Checkpoint | None = None):
+        super().__init__(table, run=lambda task, recipes: [
+            RunResult(ok=True, median_s=synthetic_seconds(task, r), repeats=1) for r in recipes],
+            eager_time=lambda task: 1.5e-3, checkpoint=checkpoint)
+        self.runs = runs
+
+    def measure(self, task, key, recipes):
+        known = self.table.results.get(key, {})
+        new = list(dict.fromkeys(str(r) for r in recipes if str(r) not in known))
+        results = super().measure(task, key, recipes)
+        self.runs.extend((key, r) for r in new)  # after measuring: a run stopped before it measured nothing
+        return results
+
+
+def _counting_measurer(table: MeasurementTable, runs: list[tuple[str, str]],
+                       checkpoint: Checkpoint | None = None) -> Measurer:
+    return _Counting(table, runs, checkpoint)
+
+
+FAMILY = BenchConfig(models=("lm_head-h64-v256-t32", "lm_head-h64-v128-t32", "cnn_head-c32-i7-b1"), budget=2,
+                     ks=(1, 2), encoders=("static",), split="family")
+
+
+def test_the_family_split_holds_a_whole_family_out_of_its_database(tmp_path: Path) -> None:
+    import sqlite3
+
+    measurer = _counting_measurer(MeasurementTable(DEVICE, "synthetic"), [])
+    outcomes = run_bench(FAMILY, measurer, workdir=tmp_path)
+    keys = {o.model: set() for o in outcomes}
+    for o in outcomes:
+        keys[o.model].add(o.key)
+    assert {o.fold for o in outcomes} == {"lm_head", "cnn_head"} and len(keys) == 3
+    assert {o.model for o in outcomes if o.fold == "lm_head"} == {"lm_head-h64-v256-t32", "lm_head-h64-v128-t32"}
+    for fold, held in enumerate((keys["lm_head-h64-v256-t32"] | keys["lm_head-h64-v128-t32"],
+                                 keys["cnn_head-c32-i7-b1"])):
+        with sqlite3.connect(tmp_path / f"fold{fold}.db") as db:
+            stored = {h for (h,) in db.execute("select structural_hash from subgraphs")}
+        assert stored and not stored & held  # no model of the held-out family is in its database
+        assert stored == set().union(*keys.values()) - held
+    # leave-one-model-out keeps the other lm_head in the database of each lm_head fold
+    by_model = run_bench(replace(FAMILY, split="model"), measurer, workdir=tmp_path / "model")
+    assert {o.fold for o in by_model} == set(FAMILY.models)
+    with sqlite3.connect(tmp_path / "model" / "fold0.db") as db:
+        stored = {h for (h,) in db.execute("select structural_hash from subgraphs")}
+    assert keys["lm_head-h64-v128-t32"] <= stored
+    with pytest.raises(ValueError, match="at least 2 families"):
+        BenchConfig(models=("lm_head-h64-v256-t32", "lm_head-h64-v128-t32"), split="family")
+
+
+STRONG = BenchConfig(models=("lm_head-h64-v256-t32", "cnn_head-c32-i7-b1"), budget=2, ks=(1, 2),
+                     encoders=("static",), fills=("random", "model", "none"), optimum="strong", strong_budget=8)
+
+
+def test_the_strong_optimum_is_exhaustive_under_the_threshold_and_resumes_without_remeasuring(tmp_path: Path) -> None:
+    from transforms.space import RecipeSpace
+
+    sizes = {o.key: o.space_size for o in run_bench(replace(STRONG, optimum="recorded"),
+                                                    _counting_measurer(MeasurementTable(DEVICE, "s"), []))}
+    config = replace(STRONG, exhaustive_below=min(sizes.values()) + 1)  # the smallest space is enumerated
+    runs: list[tuple[str, str]] = []
+    whole = _counting_measurer(MeasurementTable(DEVICE, "synthetic"), runs)
+    outcomes = run_bench(config, whole, workdir=tmp_path / "whole")
+    assert len(runs) == len(set(runs)) == whole.table.size  # every recipe measured once
+    exhaustive = [o for o in outcomes if o.optimum_search == "exhaustive"]
+    assert exhaustive and all(sizes[o.key] < config.exhaustive_below for o in exhaustive)
+    subgraphs = {s.structural_hash: s for m in config.models for s in partition(load_graph(m))}
+    for o in exhaustive:
+        every = {str(r) for r in RecipeSpace(make_task(subgraphs[o.key]).program, "cpu").enumerate()}
+        assert every <= {r for key, r in runs if key == o.key} and o.recorded >= o.space_size == len(every)
+        assert o.optimum_s == min(v for v in whole.table.results[o.key].values())
+    for o in outcomes:
+        if o.optimum_search == "evolutionary":
+            assert o.strong_searched == config.strong_budget  # new recipes beyond its seeds
+            assert o.optimum_s <= min(o.transfer[f"static|{f}" if f != "random" else "static"][2]["s"]
+                                      for f in ("random", "model", "none"))
+    # stopped part-way through the strong search, then resumed from the checkpoint: nothing measured twice, and the
+    # same recording as the uninterrupted run
+    calls = iter(range(10**6))  # a clock that advances one tick per live measurement call
+    count = Checkpoint(lambda table: None, every_s=10**6, clock=lambda: next(calls))
+    run_bench(config, _counting_measurer(MeasurementTable(DEVICE, "synthetic"), [], count))
+    total = next(calls) - 1
+    saved: list[dict] = []
+    ticks = iter(range(10**6))
+    stop = Checkpoint(lambda table: saved.append(table.to_json()), every_s=10**6, stop_after_s=total // 2,
+                      clock=lambda: next(ticks))  # stops mid-run: in the strong search, most of the run's calls
+    first: list[tuple[str, str]] = []
+    with pytest.raises(RunStopped):
+        run_bench(config, _counting_measurer(MeasurementTable(DEVICE, "synthetic"), first, stop),
+                  workdir=tmp_path / "first")
+    second: list[tuple[str, str]] = []
+    resumed = _counting_measurer(MeasurementTable.from_json(json.loads(json.dumps(saved[-1]))), second)
+    again = run_bench(config, resumed, workdir=tmp_path / "second")
+    assert first and second and not set(first) & set(second)
+    assert resumed.table.results == whole.table.results
+    assert [asdict(o) for o in again] == [asdict(o) for o in outcomes]

@@ -1,4 +1,5 @@
-"""``tunebank bench transfer``: leave-one-model-out evaluation of transfer tuning; writes markdown and JSON.
+"""``tunebank bench transfer``: leave-one-model-out (or -family-out) evaluation of transfer tuning; writes markdown
+and JSON.
 
 A long live run can save its measurements as it goes (``--checkpoint``), stop before a time limit
 (``--stop-after``) and be continued by another process (``--resume``), which measures only what is missing.
@@ -102,6 +103,21 @@ def transfer_command(
     per_neighbour: Annotated[int, typer.Option(min=1, help="recipes each neighbour gives (its fastest)")] = 1,
     fill: Annotated[bool, typer.Option(help="fill the places the neighbours leave of k x per-neighbour: their "
                                             "variants, vendor-ranked recipes, random ones")] = True,
+    fills: Annotated[str, typer.Option(help="fills to compare, comma-separated, the first one's rows under the "
+                                            "encoder's own name: none | random | model (a cost model ranks a pool); "
+                                            "default: random (none with --no-fill)")] = "",
+    fill_pool: Annotated[str, typer.Option(help="what the model fill ranks: space (256 random recipes) | recorded "
+                                                "(the random recipes the run measures anyway: replays old "
+                                                "recordings)")] = "space",
+    split: Annotated[str, typer.Option(help="model: leave one model out | family: leave one zoo family out (none "
+                                            "of its subgraphs in the database)")] = "model",
+    optimum: Annotated[str, typer.Option(help="recorded: the fastest anything in the run measured | strong: also "
+                                              "search each held-out subgraph, exhaustively under --exhaustive-below "
+                                              "recipes, else --strong-budget evolutionary ones")] = "recorded",
+    exhaustive_below: Annotated[int, typer.Option(min=0, help="spaces smaller than this are enumerated by "
+                                                              "--optimum strong")] = 2000,
+    strong_budget: Annotated[int, typer.Option(min=1, help="new recipes of the strong optimum's evolutionary "
+                                                           "search on a larger space")] = 256,
     strategy: Annotated[str, typer.Option(help="search for the optimum: exhaustive | random | evolutionary")] = (
         "evolutionary"),
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per kernel (median)")] = 10,
@@ -133,7 +149,8 @@ def transfer_command(
                              ks=tuple(int(v) for v in _csv(k)), random_ks=tuple(int(v) for v in _csv(random_k)) or None,
                              encoders=_csv(encoders), held_out=_csv(held_out) or None, strategy=strategy,
                              local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed,
-                             encoder_seed=encoder_seed)
+                             encoder_seed=encoder_seed, split=split, fills=_csv(fills) or None, fill_pool=fill_pool,
+                             optimum=optimum, exhaustive_below=exhaustive_below, strong_budget=strong_budget)
     except (ValueError, UnknownNameError) as e:
         fail(str(e))
     if cpu_threads:
