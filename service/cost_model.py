@@ -23,7 +23,6 @@ nothing a client sent is ever loaded as code.
 """
 
 import hashlib
-import io
 import json
 import logging
 import math
@@ -39,6 +38,7 @@ from sqlalchemy.orm import Session
 from db.models import Measurement, Recipe
 from db.models import Subgraph as SubgraphRow
 from db.session import Database
+from embed.arrays_file import load_arrays, save_arrays, state_digest
 from embed.features import FEATURE_NAMES
 from transforms.recipe import Recipe as RecipeSteps
 from transforms.recipe import parse
@@ -176,30 +176,14 @@ class CostModel:
 
     @property
     def version(self) -> str:
-        digest = hashlib.sha256(f"{FORMAT}|{'|'.join(self.vocabulary)}".encode())
-        for key, value in sorted(self.state.items()):
-            digest.update(f"|{key}|{value.dtype.str}|{value.shape}|".encode())
-            digest.update(np.ascontiguousarray(value).tobytes())
-        return digest.hexdigest()[:12]
+        return state_digest(f"{FORMAT}|{'|'.join(self.vocabulary)}", self.state)
 
     def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        header = json.dumps({"format": FORMAT, "vocabulary": list(self.vocabulary), "info": self.info})
-        buffer = io.BytesIO()
-        np.savez(buffer, __header__=np.frombuffer(header.encode(), dtype=np.uint8), **self.state)
-        path.write_bytes(buffer.getvalue())
-        return path
+        return save_arrays(path, {"format": FORMAT, "vocabulary": list(self.vocabulary), "info": self.info}, self.state)
 
     @classmethod
     def load(cls, path: Path) -> "CostModel":
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                header = json.loads(bytes(data["__header__"]).decode())
-                state = {k: data[k] for k in data.files if k != "__header__"}
-        except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f"cannot read cost model file {path}: {e}") from None
-        if header.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} file")
+        header, state = load_arrays(path, FORMAT, "cost model file")
         return cls(header["vocabulary"], state, header.get("info", {}))
 
 

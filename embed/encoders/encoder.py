@@ -5,9 +5,6 @@ An encoder's ``version`` is a hash of its name and fitted state, so two fits on 
 version and embeddings stored under a version always came from the same function.
 """
 
-import hashlib
-import io
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +12,7 @@ from typing import ClassVar, Self
 
 import numpy as np
 
+from embed.arrays_file import load_arrays, save_arrays, state_digest
 from embed.errors import EmbedError
 
 FORMAT = "tunebank-encoder-1"
@@ -93,33 +91,19 @@ class Encoder(ABC):
 
     @property
     def version(self) -> str:
-        digest = hashlib.sha256(f"{FORMAT}|{self.name}".encode())
-        for key, value in sorted(self.state().items()):
-            array = np.ascontiguousarray(value)
-            digest.update(f"|{key}|{array.dtype.str}|{array.shape}|".encode())
-            digest.update(array.tobytes())
-        return digest.hexdigest()[:12]
+        return state_digest(f"{FORMAT}|{self.name}", self.state())
 
     def save(self, path: Path) -> Path:
         """Write the fitted state to ``path`` (.npz); returns ``path``."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        header = json.dumps({"format": FORMAT, "name": self.name, "version": self.version})
-        buffer = io.BytesIO()
-        np.savez(buffer, __header__=np.frombuffer(header.encode(), dtype=np.uint8), **self.state())
-        path.write_bytes(buffer.getvalue())
-        return path
+        return save_arrays(path, {"format": FORMAT, "name": self.name, "version": self.version}, self.state())
 
     @staticmethod
     def read(path: Path) -> tuple[str, dict[str, np.ndarray]]:
         """(encoder name, state) from a file written by ``save``."""
         try:
-            with np.load(path, allow_pickle=False) as data:
-                header = json.loads(bytes(data["__header__"]).decode())
-                state = {k: data[k] for k in data.files if k != "__header__"}
-        except (OSError, ValueError, KeyError) as e:
-            raise EncoderError(f"cannot read encoder file {path}: {e}") from None
-        if header.get("format") != FORMAT:
-            raise EncoderError(f"{path} is not a {FORMAT} file")
+            header, state = load_arrays(path, FORMAT, "encoder file")
+        except ValueError as e:
+            raise EncoderError(str(e)) from None
         return str(header["name"]), state
 
 
