@@ -4,7 +4,9 @@
 # packages, so they come as wheels in .whl (pip download --only-binary=:all: --python-version 3.12 --platform
 # manylinux2014_x86_64 --no-deps sqlalchemy alembic mako faiss-cpu pydantic pydantic-core pydantic-settings
 # python-dotenv safetensors annotated-types typing-inspection packaging), and the tunebank column's database comes as
-# out/h200.db (bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db): run with carry
+# out/h200.db (bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db, run in a checkout of 9061a44:
+# the recording predates e023981, whose cuda spaces give reshaped contractions gemm recipes it never measured, so a
+# replay at a later commit stops with "the recording has no measurement of 'gemm(cublaslt,0)'"): run with carry
 # [".whl", "bench/optimize_e2e_device.sh", "out/h200.db"].
 set -u
 mkdir -p /tmp/py && for w in .whl/*.whl; do python -m zipfile -e "$w" /tmp/py; done
