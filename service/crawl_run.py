@@ -36,6 +36,7 @@ from db.models import Subgraph as SubgraphRow
 from db.repositories._insert import insert_ignore_count
 from db.repositories.jobs import JobStatus
 from db.repositories.measurements import MeasurementIn, ingest_measurements
+from db.repositories.model_catalog import add_model
 from db.repositories.rankings import best_recipes
 from db.session import Database
 from embed import zoo
@@ -51,6 +52,7 @@ from service.embeddings import EncoderStore
 from service.jobs import JobContext, JobProgress
 from service.measure import Measurer
 from service.store import PROFILE_ENCODER, add_profiles, add_subgraphs, register_device
+from transforms.plan import content_hash
 from transforms.recipe import Recipe as RecipeSteps
 from transforms.recipe import parse
 from transforms.results import RunResult
@@ -212,10 +214,14 @@ class Crawl:
     def _plan(self) -> None:
         """Store the crawl's subgraphs and fix them (and which need tuning) in the checkpoint."""
         graphs, refused = model_graphs(self.params)
-        found = [s for g in graphs for s in partition(g) if s.tunable]
+        parts = [[s for s in partition(g) if s.tunable] for g in graphs]
+        found = [s for p in parts for s in p]
         with self.database.scope() as session:
             self.device_id = register_device(session, self.device)
             ids = add_subgraphs(session, found)
+            for graph, subgraphs in zip(graphs, parts, strict=True):  # the catalog: which models the crawl saw
+                add_model(session, name=graph.name[:200], content_hash=content_hash(graph),
+                          subgraph_hashes=[s.structural_hash for s in subgraphs])
             demand = _open_demand(session, self.device_id) if self.params.demand else []
             rows = {r.id: r for r in session.scalars(select(SubgraphRow).where(SubgraphRow.id.in_(demand)))}
             hashes = list(dict.fromkeys([rows[i].structural_hash for i in demand] + [s.structural_hash for s in found]))

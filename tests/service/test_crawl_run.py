@@ -16,7 +16,8 @@ import pytest
 from sqlalchemy import select
 
 from db.migrate import upgrade
-from db.models import Baseline, Demand, Device, Embedding, Job, Measurement, Recipe, Subgraph
+from db.models import Baseline, Demand, Device, Embedding, Job, Measurement, Model, Recipe, Subgraph
+from db.repositories.model_catalog import model_subgraph_ids
 from db.session import Database
 from tests.db.conftest import _require_postgres, pg_schema_factory, pg_url  # noqa: F401 (a fixture)
 
@@ -72,6 +73,8 @@ def snapshot(db_url: str, data_dir: Path) -> dict[str, Any]:
             "embeddings": sorted((hashes[e.subgraph_id], devices[e.device_id], e.encoder, e.encoder_version,
                                   e.vector.hex()) for e in session.scalars(select(Embedding))),
             "demand": sorted((hashes[d.subgraph_id], d.status) for d in session.scalars(select(Demand))),
+            "models": sorted((m.name, m.content_hash, tuple(hashes[i] for i in model_subgraph_ids(session, m.id)))
+                             for m in session.scalars(select(Model))),
             "crawls": sorted((j.status, json.dumps(j.result, sort_keys=True))
                              for j in session.scalars(select(Job).where(Job.kind == "crawl"))),
             "encoders": sorted(str(p.relative_to(data_dir)) for p in (data_dir / "encoders").rglob("*")),
@@ -112,6 +115,7 @@ def test_a_crawl_killed_three_times_ends_like_an_uninterrupted_one_and_a_rerun_m
     assert len(measured(resumed / "measured.log")) == len(set(measured(resumed / "measured.log")))  # none twice
     assert sorted(measured(resumed / "measured.log")) == sorted(measured(reference / "measured.log"))
     assert ("crawled" in {status for _, status in expected["demand"]}) and expected["promoted"]
+    assert [name for name, _, _ in expected["models"]] == sorted(PARAMS["models"])  # the catalog
     database = Database(url)
     with database.scope() as session:
         (job,) = session.scalars(select(Job).where(Job.kind == "crawl"))
