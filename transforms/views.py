@@ -21,7 +21,7 @@ through the copy's index map instead (``softmax(transpose(x))`` reads ``x[j, i]`
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -57,17 +57,32 @@ def fold_layout(program: LoopProgram) -> LoopProgram:
 def fold_loads(program: LoopProgram) -> LoopProgram:
     """``program`` without the copy nests of values it does not compute: each later read of such a copy reads the
     copy's source through the copy's index map (module docstring). The copy's buffer stays declared."""
+    return _fold_each(program, _fold_load)
+
+
+def _fold_load(program: LoopProgram, nests: list[LoopNest], j: int) -> list[LoopNest] | None:
+    """``nests`` without copy ``j``, its later readers reading its source; None when ``j`` is no such copy."""
+    mapping = _load_map(program, nests, j)
+    if mapping is None:
+        return None
+    view = nests[j]
+    source = view.statement.body.access  # type: ignore[union-attr]
+    out = view.statement.write.tensor
+    return nests[:j] + [_read_through(n, out, source, mapping) for n in nests[j + 1:]]
+
+
+def _fold_each(program: LoopProgram,
+               fold_at: Callable[[LoopProgram, list[LoopNest], int], list[LoopNest] | None]) -> LoopProgram:
+    """``program`` with ``fold_at`` applied at each nest in program order (a fold may remove or merge nests: the
+    nest then at the same place is tried next)."""
     nests = list(program.nests)
     j = 0
     while j < len(nests):
-        mapping = _load_map(program, nests, j)
-        if mapping is None:
+        folded = fold_at(program, nests, j)
+        if folded is None:
             j += 1
-            continue
-        view = nests.pop(j)
-        source = view.statement.body.access  # type: ignore[union-attr]
-        out = view.statement.write.tensor
-        nests[j:] = [_read_through(n, out, source, mapping) for n in nests[j:]]
+        else:
+            nests = folded
     return program if tuple(nests) == program.nests else replace(program, nests=tuple(nests))
 
 
@@ -135,15 +150,7 @@ def _substituted(expr: Affine, values: Mapping[str, Affine]) -> Affine:
 
 def fold_views(program: LoopProgram) -> LoopProgram:
     """``program`` with each foldable view folded (module docstring), in program order."""
-    nests = list(program.nests)
-    j = 0
-    while j < len(nests):
-        folded = _fold(program, nests, j)
-        if folded is None:
-            j += 1
-            continue
-        nests = folded
-    return program if tuple(nests) == program.nests else replace(program, nests=tuple(nests))
+    return _fold_each(program, _fold)
 
 
 def _fold(program: LoopProgram, nests: list[LoopNest], j: int) -> list[LoopNest] | None:
