@@ -1,4 +1,5 @@
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import faiss
@@ -188,24 +189,31 @@ def test_an_empty_slice_gives_an_empty_index(sqlite_database: Database, tmp_path
     assert index.ntotal == 0 and _search(index, sqlite_database, np.ones(DIM), 3) == ([], [], [])
 
 
+def _start_readers(count: int, rounds: int, search: Callable[[], object]) -> tuple[list[threading.Thread],
+                                                                                  list[BaseException]]:
+    """``count`` threads each calling ``search`` ``rounds`` times, started; and the list their errors go to."""
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for _ in range(rounds):
+                search()
+        except BaseException as e:  # noqa: BLE001 (collected and asserted by the test)
+            errors.append(e)
+
+    readers = [threading.Thread(target=read) for _ in range(count)]
+    for t in readers:
+        t.start()
+    return readers, errors
+
+
 def test_readers_search_while_a_writer_adds(filled, tmp_path: Path, seed) -> None:
     database, s, vectors = filled
     index = VectorIndex.open(database, KEY, tmp_path, IndexConfig())
     expected = _search(index, database, vectors[10], 1)[2][0]
     extra = seed(database, 160)
-    errors: list[BaseException] = []
     results: list[tuple[int, str]] = []
-
-    def read() -> None:
-        try:
-            for _ in range(30):
-                results.append(_search(index, database, vectors[10], 1)[2][0])
-        except BaseException as e:  # noqa: BLE001 (collected and asserted below)
-            errors.append(e)
-
-    readers = [threading.Thread(target=read) for _ in range(4)]
-    for t in readers:
-        t.start()
+    readers, errors = _start_readers(4, 30, lambda: results.append(_search(index, database, vectors[10], 1)[2][0]))
     for chunk in range(5):
         _embed(database, extra.ids[60 + 20 * chunk : 80 + 20 * chunk], s.device_id, _vectors(20, 100 + chunk) + 50)
         index.sync(persist=chunk == 4)
@@ -221,20 +229,13 @@ def test_a_sync_never_waits_for_a_connection_under_the_lock_while_searches_hold_
     small = Database(database.url, pool_size=2, max_overflow=0, pool_timeout=5)  # searches can hold the whole pool
     index = VectorIndex.open(small, KEY, tmp_path, IndexConfig())
     extra = seed(database, 100)
-    errors: list[BaseException] = []
 
-    def read() -> None:  # as the HTTP search does: a session in use, then the index
-        try:
-            for _ in range(40):
-                with small.sessions() as session:
-                    session.execute(select(Embedding.id).limit(1)).all()
-                    index.search(session, vectors[3], 2)
-        except BaseException as e:  # noqa: BLE001 (collected and asserted below)
-            errors.append(e)
+    def search() -> None:  # as the HTTP search does: a session in use, then the index
+        with small.sessions() as session:
+            session.execute(select(Embedding.id).limit(1)).all()
+            index.search(session, vectors[3], 2)
 
-    readers = [threading.Thread(target=read) for _ in range(6)]
-    for t in readers:
-        t.start()
+    readers, errors = _start_readers(6, 40, search)
     for chunk in range(4):
         _embed(database, extra.ids[60 + 10 * chunk : 70 + 10 * chunk], s.device_id, _vectors(10, 200 + chunk) + 50)
         try:

@@ -88,17 +88,22 @@ def measured(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-@pytest.mark.slow
-def test_a_crawl_killed_three_times_ends_like_an_uninterrupted_one_and_a_rerun_measures_nothing(tmp_path: Path) -> None:
-    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    for folder in (reference, resumed):
+def reference_crawl(tmp_path: Path, other: str) -> tuple[Path, Path, dict[str, Any]]:
+    """Two data folders with the same demand, ``reference`` and ``other``; the crawl run uninterrupted in the first,
+    and the snapshot it left."""
+    reference, second = tmp_path / "reference", tmp_path / other
+    for folder in (reference, second):
         folder.mkdir()
         seed_demand(f"sqlite:///{folder / 'tunebank.db'}")
-
-    url = f"sqlite:///{reference / 'tunebank.db'}"
-    done = child(url, reference, reference / "measured.log")
+    done = child(f"sqlite:///{reference / 'tunebank.db'}", reference, reference / "measured.log")
     assert done.returncode == 0, done.stderr
-    expected = snapshot(url, reference)
+    return reference, second, snapshot(f"sqlite:///{reference / 'tunebank.db'}", reference)
+
+
+@pytest.mark.slow
+def test_a_crawl_killed_three_times_ends_like_an_uninterrupted_one_and_a_rerun_measures_nothing(tmp_path: Path) -> None:
+    reference, resumed, expected = reference_crawl(tmp_path, "resumed")
+    url = f"sqlite:///{reference / 'tunebank.db'}"
     again = child(url, reference, reference / "again.log")  # the same crawl again measures nothing
     assert again.returncode == 0, again.stderr
     assert not measured(reference / "again.log") and (json.loads(again.stdout)["measured"], json.loads(
@@ -131,14 +136,7 @@ def without_shards(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_crawl_in_shards_killed_in_one_ends_like_an_unsharded_one(tmp_path: Path) -> None:
-    reference, sharded = tmp_path / "reference", tmp_path / "sharded"
-    for folder in (reference, sharded):
-        folder.mkdir()
-        seed_demand(f"sqlite:///{folder / 'tunebank.db'}")
-    url = f"sqlite:///{reference / 'tunebank.db'}"
-    done = child(url, reference, reference / "measured.log")
-    assert done.returncode == 0, done.stderr
-    expected = snapshot(url, reference)
+    reference, sharded, expected = reference_crawl(tmp_path, "sharded")
 
     url, log = f"sqlite:///{sharded / 'tunebank.db'}", sharded / "measured.log"
     killed = child(url, sharded, log, "shard:2:2", {**PARAMS, "shards": 3})
