@@ -10,6 +10,7 @@ because that is the lowest layer; every other layer may import it.
 """
 
 import importlib
+import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -28,6 +29,7 @@ class Registry(Generic[T]):
         self.what = what
         self._entries: dict[str, T] = {}
         self._lazy: dict[str, str] = {}
+        self._resolving = threading.RLock()  # re-entrant: an entry's module may look up others while it imports
 
     def register(self, name: str, entry: T) -> T:
         if name in self._entries or name in self._lazy:
@@ -47,8 +49,11 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._entries and name in self._lazy:
-            module, _, attribute = self._lazy.pop(name).partition(":")
-            self._entries[name] = getattr(importlib.import_module(module), attribute)
+            with self._resolving:  # threads looking up a lazy entry at once: one imports, the others wait for it
+                if name in self._lazy:
+                    module, _, attribute = self._lazy[name].partition(":")
+                    self._entries[name] = getattr(importlib.import_module(module), attribute)
+                    del self._lazy[name]
         try:
             return self._entries[name]
         except KeyError:
