@@ -5,7 +5,10 @@ The query is embedded with the promoted encoder (the first of learned, static+pr
 by its stored embedding, else (and an IR's subgraphs always) from its static features, which needs an encoder that
 uses no profile (a profile means running the subgraph, which a search never does)."""
 
+import functools
 import json
+import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,11 +35,24 @@ MAX_QUERIES = 64
 
 
 def promoted_encoder(state: AppState) -> Encoder:
-    store = EncoderStore(state.config.data_dir / "encoders")
+    """The promoted encoder, read from its file once per version (a version is a digest of its state, so the file
+    never changes under it): every search needs it, and reading it on each request was most of a search."""
+    directory = state.config.data_dir / "encoders"
+    store = EncoderStore(directory)
     for name in ENCODER_PREFERENCE:
-        if store.promoted(name):
-            return store.load(name)
+        version = store.promoted(name)
+        if version:
+            with _LOADING:  # one reader of the file: the others wait for it and then find it cached
+                return _encoder(directory, name, version)
     raise Conflict("no encoder is promoted yet, so there is nothing to search: crawl or optimize models first")
+
+
+_LOADING = threading.Lock()
+
+
+@functools.lru_cache(maxsize=16)
+def _encoder(directory: Path, name: str, version: str) -> Encoder:
+    return EncoderStore(directory).load(name, version)
 
 
 def _stored_vector(session: Session, subgraph_id: int, encoder: Encoder, device_class: str) -> np.ndarray | None:

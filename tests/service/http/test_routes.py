@@ -61,6 +61,26 @@ def test_search_finds_stored_neighbours_of_the_same_kind_never_the_query_itself(
     assert bad.status_code == 422 and set(bad.json()) == {"error", "detail"}
 
 
+def test_search_reads_the_promoted_encoder_once_and_follows_a_new_promotion(
+        crawled: Api, tiny_subgraphs: list[Subgraph], monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[str | None] = []
+    load = EncoderStore.load
+    monkeypatch.setattr(EncoderStore, "load", lambda store, name, version=None: read.append(version) or load(
+        store, name, version))
+    headers, body = crawled.key("read"), {"subgraph": tiny_subgraphs[0].structural_hash, "device_class": "cpu:test"}
+    first = [crawled.client.post("/v1/search", json=body, headers=headers).json() for _ in range(3)]
+    assert len(read) == 1 and len({f["encoder_version"] for f in first}) == 1
+    with crawled.database.scope() as session:  # a new version, fitted on fewer subgraphs, embedded and promoted
+        ids = profiled_subgraphs(session, 1)
+        newer = fit_encoder(session, "static", device_id=1, subgraph_ids=ids[:-1], backend="cpu")
+        embed_subgraphs(session, newer, device_id=1, subgraph_ids=ids)
+    store = EncoderStore(crawled.config.data_dir / "encoders")
+    store.save(newer)
+    store.promote("static", newer.version)
+    after = crawled.client.post("/v1/search", json=body, headers=headers).json()
+    assert after["encoder_version"] == newer.version != first[0]["encoder_version"] and read == [read[0], newer.version]
+
+
 def test_search_before_any_encoder_is_a_conflict_that_says_what_to_do(api: Api) -> None:
     response = api.client.post("/v1/search", json={"subgraph": "1", "device_class": "cpu:test"},
                                headers=api.key("read"))
