@@ -9,6 +9,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,8 +42,10 @@ def cli(env: dict[str, str], *args: str) -> str:
 def running_server(env: dict[str, str], *args: str) -> Iterator[str]:
     """``tunebank serve ARGS`` on a free loopback port with ``env``, ready (``/readyz`` 200); its URL."""
     port = free_port()
+    # the server's log goes to a file: a pipe nobody reads fills up (64 KiB) and then blocks the server mid-request
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen([sys.executable, "-m", "tunebank", "serve", "--port", str(port), "--log-level",
-                             "warning", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "warning", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -52,8 +55,9 @@ def running_server(env: dict[str, str], *args: str) -> Iterator[str]:
                     break
             except httpx.TransportError:
                 pass
-            assert proc.poll() is None and time.monotonic() < deadline, \
-                proc.stderr.read().decode() if proc.stderr else ""
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise AssertionError(log.read().decode(errors="replace")[-4000:])
             time.sleep(0.2)
         yield url
     finally:
@@ -63,6 +67,7 @@ def running_server(env: dict[str, str], *args: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:  # a wedged server: its threads never return
             proc.kill()
             proc.wait(timeout=30)
+        log.close()
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
