@@ -83,10 +83,10 @@ def kernel_table(fn: Callable[..., Any], sets: Sequence[tuple[Any, ...]], calls:
 def profile_model(name: str, calls: int) -> dict[str, Any]:
     import torch
 
-    import tunebank
     from bench.e2e_models import build
     from bench.optimize_e2e import _fresh_inductor, input_sets
     from service.weights import named_tensors
+    from tunebank.api import bind, optimize
     from tunebank.settings import Settings
 
     module, inputs = build(name, "cuda")
@@ -95,12 +95,12 @@ def profile_model(name: str, calls: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tunebank-") as tmp:
         shutil.copy(os.environ["TUNEBANK_E2E_DB"], Path(tmp) / "tunebank.db")
         settings = Settings(data_dir=Path(tmp))
-        result = tunebank.optimize(module, inputs, settings=settings, time_model=False)
+        result = optimize(module, inputs, settings=settings, time_model=False)
         plan = result.plan
         weights = named_tensors(module)
-        planned = tunebank.bind(replace(plan, cuda_graph=False), weights, settings=settings)
-        eager_steps = tunebank.bind(replace(plan.with_all_eager(), cuda_graph=False), weights, settings=settings)
-        graphed = tunebank.bind(replace(plan, cuda_graph=True), weights, settings=settings)
+        planned = bind(replace(plan, cuda_graph=False), weights, settings=settings)
+        eager_steps = bind(replace(plan.with_all_eager(), cuda_graph=False), weights, settings=settings)
+        graphed = bind(replace(plan, cuda_graph=True), weights, settings=settings)
         with torch.no_grad():
             plan_us, eager_us = step_times(planned, sets, calls), step_times(eager_steps, sets, calls)
         rows = {r["structural_hash"]: r for r in plan.report["subgraphs"]}
