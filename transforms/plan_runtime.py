@@ -4,7 +4,9 @@ subgraphs in order, each eagerly or as its tuned kernel, on the caller's tensors
 * Kernels launch on the tensors themselves (zero copy): the cpu backend's shared library gets their data
   pointers; the cuda backend's kernels (CuPy) and vendor GEMMs get CuPy views of them
   (``__cuda_array_interface__``) and run on PyTorch's current stream. Inputs a kernel reads are made contiguous
-  first (a no-op unless an eager view left them strided); outputs and scratch are allocated per call.
+  first (a no-op unless an eager view left them strided); outputs and scratch are allocated per call, scratch
+  uninitialized (no memset launch): validation hands every kernel poisoned scratch, so none reads what it did not
+  write.
 * A layout step folded into a kernel step (``transforms.plan``) runs nothing: that kernel reads or writes through
   the layout's index map. Scratch for a temporary the folded program no longer touches is one element.
 * On cuda, with static shapes (always, in tunebank's IR), the whole forward is captured once as a CUDA graph
@@ -83,12 +85,12 @@ class _Arguments:
 
     def bind(self, env: Env, device: torch.device) -> dict[str, torch.Tensor]:
         """Tensors for every argument: inputs from ``env`` (contiguous), new outputs (also put in ``env``) and
-        zeroed scratch."""
+        uninitialized scratch (validation poisons it: no kernel reads scratch it has not written)."""
         args = {a: env[name].contiguous() for a, name in self.inputs.items()}
         for a, (name, shape, dtype) in self.outputs.items():
             args[a] = env[name] = torch.empty(shape, dtype=dtype, device=device)
         for a, (shape, dtype) in self.scratch.items():
-            args[a] = torch.zeros(shape, dtype=dtype, device=device)
+            args[a] = torch.empty(shape, dtype=dtype, device=device)
         return args
 
 

@@ -119,7 +119,8 @@ def _check_name(name: str) -> None:
 
 @dataclass(frozen=True)
 class Buffer:
-    """An array argument. ``kind``: input (from the Problem), output (poisoned, validated) or scratch (zeroed)."""
+    """An array argument. ``kind``: input (from the Problem), output (poisoned, validated) or scratch (poisoned: a
+    kernel writes it before it reads it)."""
 
     name: str
     shape: tuple[int, ...]

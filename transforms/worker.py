@@ -18,7 +18,7 @@ import numpy as np
 from transforms import vendor_blas, vendor_torch
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
-from transforms.run import STORAGE, Buffer, Launch, Scalar, buffers_of, poison, poisoned, to_float, to_storage
+from transforms.run import Buffer, Launch, Scalar, buffers_of, poison, poisoned, to_float, to_storage
 
 Call = Callable[[], None]
 Fetch = Callable[[], dict[str, Any]]  # the buffers, in the backend's memory
@@ -40,15 +40,14 @@ LONG_CALL_S = 0.001
 
 def host_arrays(launches: Sequence[Launch], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Fresh storage arrays for every buffer of ``launches``: inputs converted (copied, so a kernel that writes
-    one spoils nothing shared), outputs poisoned, scratch zeroed."""
+    one spoils nothing shared), outputs and scratch poisoned (a kernel must write scratch before it reads it: a
+    plan hands it uninitialized memory)."""
     arrays = {}
     for b in buffers_of(launches):
         if b.kind == "input":
             arrays[b.name] = np.array(to_storage(problem_input(inputs, b), b.dtype), copy=True)
-        elif b.kind == "output":
-            arrays[b.name] = poisoned(b.shape, b.dtype)
         else:
-            arrays[b.name] = to_storage(np.zeros(b.shape), b.dtype)
+            arrays[b.name] = poisoned(b.shape, b.dtype)
     return arrays
 
 
@@ -199,7 +198,7 @@ class CudaBackend:
 
     def arrays(self, launches: Sequence[Launch], problem: LoadedProblem) -> dict[str, Any]:
         """Device arrays for every buffer: each input a copy of the problem's device copy (uploaded once per
-        problem, or built there), outputs poisoned and scratch zeroed on the device."""
+        problem, or built there), outputs and scratch poisoned on the device (see :func:`host_arrays`)."""
         cp, out = self.cupy, {}
         for b in buffers_of(launches):
             if b.kind == "input":
@@ -208,7 +207,7 @@ class CudaBackend:
 
                 out[b.name] = problem.cached(("cuda", b.name, b.dtype), upload).copy()
             else:
-                storage, value = poison(b.dtype) if b.kind == "output" else (STORAGE[b.dtype], 0)
+                storage, value = poison(b.dtype)
                 out[b.name] = cp.full(b.shape, value, storage)
         return out
 

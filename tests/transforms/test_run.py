@@ -79,6 +79,15 @@ def test_failing_kernels_get_their_error_kind(built, problem, worker, name, kind
     assert result.median_s == float("inf")
 
 
+def test_a_kernel_that_reads_scratch_it_never_wrote_fails_validation(problem, worker, tmp_path):
+    # a plan hands kernels uninitialized scratch, so validation must not hand them zeros
+    code = ("void vadd_t(const float* a, const float* b, float* c, float* t, int n) "
+            "{ for (int i = 0; i < n; i++) c[i] = a[i] + b[i] + t[i]; }")
+    launch = Launch("vadd_t", (*LAUNCH.args[:3], Buffer("t", (N,), "float32", kind="scratch"), Scalar("n", N)))
+    [result] = run([Trial(build([Source(code)], cache_dir=tmp_path)[0], launch, problem)], worker=worker)
+    assert not result.ok and result.error_kind == "nan"
+
+
 def test_a_hanging_kernel_times_out_and_the_next_one_gets_a_fresh_worker(built, problem):
     with Worker() as w:
         results = run([trial(built, problem, n) for n in ("hang", "correct", "segfault", "correct")],
