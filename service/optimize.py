@@ -9,7 +9,8 @@ Per distinct subgraph, in partition order:
   static+profiled, static that has a promoted version; with none, ``static`` is fitted once on the device's
   profiled subgraphs, saved and promoted), its k nearest neighbours come from the persistent vector index
   (``TUNEBANK_INDEX_FACTORY``), their recipes are adapted, filled, validated and timed
-  (``service.transfer.transfer_from``), and eager PyTorch is timed too. Each batch of measurements is stored as
+  (``service.transfer.transfer_from``) beside the vendor libraries' own implementations (cuDNN for a
+  convolution: candidates however many neighbours there are), and eager PyTorch is timed too. Each batch of measurements is stored as
   soon as it is taken, so Ctrl-C or a crash loses none (and a rerun measures none of them again); the subgraph's
   baseline, profile and embedding follow.
   A subgraph with no neighbour of its kind, or whose nearest is farther than ``far_distance``, is queued for the
@@ -332,7 +333,7 @@ def _tune(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: Measurem
     stages.add("neighbours", started)
     started = time.perf_counter()
     result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=config.k,
-                           fill=config.fill, seed=config.seed)
+                           fill=config.fill, seed=config.seed, library=True)
     eager_s = measurer.eager(task, h)
     stages.add("measure", started)
     row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe}

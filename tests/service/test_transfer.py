@@ -135,6 +135,25 @@ def test_fill_takes_the_vendor_libraries_ranking_before_random_recipes(monkeypat
     assert all(recipe.startswith("gemm(mma,") for origin, recipe in wide if origin == "random")
 
 
+def test_the_vendor_library_is_a_candidate_however_many_neighbours_there_are() -> None:
+    from tests.transforms.test_vendor import conv_block, subgraphs
+
+    task = make_task(subgraphs(conv_block(), "conv2d")[1])  # the depthwise 7x7 conv with its bias
+    space = RecipeSpace(task.program, "cpu")
+    near = [Neighbour(n, f"n{n}", 0.5, str(r), str(r), ()) for n, r in
+            enumerate(random_recipes(space, 3, seed=0))]  # neighbours enough for every place
+
+    def tried(library: bool) -> list[tuple[str, str]]:
+        result = service.transfer.transfer_from(task, "q", near, measurer=synthetic_measurer(), backend="cpu",
+                                                wanted=3, fill=True, library=library)
+        return [(t.origin, t.recipe) for t in result.tried]
+
+    assert ("vendor", "conv(torch)") not in tried(False) and ("library", "conv(torch)") not in tried(False)
+    with_library = tried(True)
+    assert with_library[:2] == [("default", str(space.default)), ("library", "conv(torch)")]
+    assert [origin for origin, _ in with_library].count("neighbour") == 3
+
+
 def _features(subgraph: Subgraph):  # noqa: ANN202
     from embed.encoders import FeatureSet
 
