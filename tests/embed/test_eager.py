@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from embed.builder import GraphBuilder
-from embed.eager import run_eager
+from embed.eager import EagerProgram, run_eager
 from embed.errors import EmbedError, InvalidGraphError, UnsupportedSubgraphError
 from embed.inputs import random_inputs
+from tests.gpu import needs_gpu
 
 F32 = "float32"
 
@@ -206,6 +207,32 @@ def test_constants_chain_and_compute_dtype() -> None:
     (wide,) = run_eager(graph, inputs, compute_dtype=torch.float64).values()
     assert half.dtype == torch.float16 and wide.dtype == torch.float64
     np.testing.assert_allclose(wide.numpy(), [1.1, 2.1, 3.1], rtol=1e-12)
+
+
+def relu6_then_scaled() -> tuple:
+    """relu6 (maximum with 0, minimum with 6) of x, then times a (3,) constant and concatenated with a () one."""
+    g = GraphBuilder()
+    x = g.input("x", (3,), "float32")
+    low, high, scale, lone = (g.const(0.0, "float32"), g.const(6.0, "float32"),
+                              g.const([1.0, 2.0, 3.0], "float32", (3,)), g.const(7.0, "float32"))
+    y = g.node("minimum", [g.node("maximum", [x, low], (3,), "float32"), high], (3,), "float32")
+    y = g.node("mul", [y, scale], (3,), "float32")
+    flat = g.node("reshape", [lone], (1,), "float32", shape=[1])
+    return g.build([g.node("concat", [y, flat], (4,), "float32", axis=0)]), (low, high), (scale, lone)
+
+
+def test_scalar_constants_of_binary_ops_stay_cpu_scalars_and_no_other() -> None:
+    graph, scalars, others = relu6_then_scaled()
+    program = EagerProgram(graph, "meta")  # every other constant goes to the program's device
+    assert all(program.consts[n].device.type == "cpu" and program.consts[n].dim() == 0 for n in scalars)
+    assert all(program.consts[n].device.type == "meta" for n in others)
+
+
+@needs_gpu
+def test_cpu_scalar_constants_compute_on_the_gpu() -> None:
+    graph, _, _ = relu6_then_scaled()
+    (out,) = EagerProgram(graph, "cuda")({"x": torch.tensor([-1.0, 3.0, 9.0], device="cuda")}).values()
+    assert out.device.type == "cuda" and out.tolist() == [0.0, 6.0, 18.0, 7.0]
 
 
 def test_errors_are_typed() -> None:
