@@ -5,7 +5,8 @@ does, the plan kept whatever its whole-model timing would say):
 
 * ``steps``: every plan step's GPU time, run eagerly and as the plan runs it (kernel, eager or folded), both
   uncaptured, each call queued behind a GPU busy-wait so that launch gaps do not count (CUDA events around each
-  step, median of ``--calls`` calls over rotated inputs), with what the optimize report says of its subgraph;
+  step, median of ``--calls`` calls over rotated inputs), with what the optimize report says of its subgraph (its
+  times and every candidate tried);
 * ``kernels``: the kernels of one call of eager, of torch.compile default and of the plan in its CUDA graph
   (``torch.profiler``, summed by name over ``--calls`` calls and divided by them).
 
@@ -110,7 +111,7 @@ def profile_model(name: str, calls: int) -> dict[str, Any]:
             entry["steps"].append({"ops": "+".join(row.get("ops", []))[:60], "kind": row.get("kind"),
                                    "impl": step.impl, "recipe": step.recipe, "plan_us": round(p, 2),
                                    "eager_us": round(e, 2), "kernel_s": row.get("kernel_s"),
-                                   "eager_s": row.get("eager_s")})
+                                   "eager_s": row.get("eager_s"), "candidates": row.get("candidates")})
         entry["kernels"] = {"eager": kernel_table(module, sets, calls), "tunebank": kernel_table(graphed, sets, calls)}
     with tempfile.TemporaryDirectory(prefix="inductor-") as tmp:
         _fresh_inductor(tmp)

@@ -54,7 +54,11 @@ def _cuda_call(launch: Launch, run: Callable[[list[Any]], None], flags: dict[str
 
     def call(grid: object, block: object, args: Sequence[Any], shared_mem: int = 0, stream: Any = None) -> None:
         tensors = [torch.as_tensor(a, device="cuda").view(b.shape) for a, b in zip(args, buffers, strict=False)]
-        external = torch.cuda.ExternalStream(stream.ptr) if stream is not None else torch.cuda.current_stream()
+        current = torch.cuda.current_stream()
+        # a plan passes PyTorch's own current stream: run on it as it is (an ExternalStream of the default stream's
+        # pointer, 0, is not ordered with it)
+        external = current if stream is None or stream.ptr == current.cuda_stream else \
+            torch.cuda.ExternalStream(stream.ptr)
         with torch.cuda.stream(external), torch.backends.cudnn.flags(enabled=True, allow_tf32=False, **(flags or {})):
             run(tensors)
 
