@@ -10,9 +10,9 @@ Per distinct subgraph, in partition order:
   profiled subgraphs, saved and promoted), its k nearest neighbours come from the persistent vector index
   (``TUNEBANK_INDEX_FACTORY``), their recipes are adapted, filled, validated and timed
   (``service.transfer.transfer_from``) beside the vendor libraries' own implementations (cuDNN for a
-  convolution: candidates however many neighbours there are), and eager PyTorch is timed too. Each batch of measurements is stored as
-  soon as it is taken, so Ctrl-C or a crash loses none (and a rerun measures none of them again); the subgraph's
-  baseline, profile and embedding follow.
+  convolution: candidates however many neighbours there are), and eager PyTorch is timed too. Each batch of
+  measurements is stored as soon as it is taken, so Ctrl-C or a crash loses none (and a rerun measures none of them
+  again); the subgraph's baseline, profile and embedding follow.
   A subgraph with no neighbour of its kind, or whose nearest is farther than ``far_distance``, is queued for the
   crawler (``demand``).
 
