@@ -222,6 +222,9 @@ class Problem:
             assert self._build is not None
             built = self._build()
             self._arrays = (built.inputs, built.reference)
+            # building may raise a tolerance (transforms.problem: what a plain float32 evaluation errs)
+            self.tolerance = {**self.tolerance, **{k: max(v, self.tolerance.get(k, 0.0))
+                                                   for k, v in built.tolerance.items()}}
         return self._arrays
 
     def tolerances(self, launches: Sequence[Launch]) -> dict[str, float]:

@@ -64,9 +64,11 @@ class LoadedProblem:
     """A problem's inputs and references (host arrays from a saved file, or arrays the worker built from a spec),
     with what backends derive from them (device copies) kept across the trials of that problem."""
 
-    def __init__(self, source: str | dict[str, Any], inputs: Mapping[str, Any], reference: Mapping[str, Any]) -> None:
+    def __init__(self, source: str | dict[str, Any], inputs: Mapping[str, Any], reference: Mapping[str, Any],
+                 tolerance: Mapping[str, float] | None = None) -> None:
         self.source = source
         self.inputs, self.reference = dict(inputs), dict(reference)
+        self.tolerance = dict(tolerance or {})  # what building it found (a spec's), beside the trial's own
         self.derived: dict[tuple[str, ...], Any] = {}
 
     @classmethod
@@ -81,7 +83,7 @@ class LoadedProblem:
         from transforms.problem import problem_from_spec  # embed and pydantic: only for problems sent as specs
 
         built = problem_from_spec(source["spec"], xp)
-        return cls(source, built.inputs, built.reference)
+        return cls(source, built.inputs, built.reference, built.tolerance)
 
     def cached(self, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
         """``make()``, computed once per key for this problem."""
@@ -330,8 +332,9 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
             if b.name not in problem.reference:
                 raise ValueError(f"the problem has no reference for output buffer {b.name!r}")
             reference = backend.reference(problem, b.name)
-            kind, error, text = check(to_float(outputs[b.name], b.dtype, reference.dtype), reference,
-                                      message["tolerance"][b.name], backend.xp, dtype=b.dtype)
+            tolerance = max(message["tolerance"][b.name], problem.tolerance.get(b.name, 0.0))
+            kind, error, text = check(to_float(outputs[b.name], b.dtype, reference.dtype), reference, tolerance,
+                                      backend.xp, dtype=b.dtype)
             if kind is not None:
                 return RunResult.failure(kind, f"output {b.name!r}: {text}", error), False
             worst = max(worst, error or 0.0)
