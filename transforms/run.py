@@ -228,8 +228,11 @@ class Problem:
         return self._arrays
 
     def tolerances(self, launches: Sequence[Launch]) -> dict[str, float]:
-        """Tolerance per output buffer of ``launches``: the override, else :data:`TOLERANCE` (ints: 0)."""
-        return {b.name: self.tolerance.get(b.name, TOLERANCE.get(b.dtype, 0.0))
+        """Tolerance per output buffer of ``launches``: the override, else :data:`TOLERANCE` (ints: 0). Launches
+        that compute in TF32 (a ``tf32`` scalar of 1) hold float32 outputs to float16's tolerance instead, widened
+        alike: TF32 keeps float16's 10-bit mantissa."""
+        widen = TOLERANCE["float16"] / TOLERANCE["float32"] if computes_in_tf32(launches) else 1.0
+        return {b.name: self.tolerance.get(b.name, TOLERANCE.get(b.dtype, 0.0)) * (widen if b.dtype == "float32" else 1)
                 for b in buffers_of(launches) if b.kind == "output"}
 
     def save(self, path: Path) -> None:
@@ -242,6 +245,11 @@ def _float_reference(values: Any) -> np.ndarray:
     """A reference as float32 when given so, else float64."""
     values = np.asarray(values)
     return values if values.dtype == np.float32 else values.astype(np.float64, copy=False)
+
+
+def computes_in_tf32(launches: Sequence[Launch]) -> bool:
+    """Whether a launch rounds float32 operands to TF32 (a library launch's ``tf32`` scalar is 1)."""
+    return any(isinstance(a, Scalar) and a.name == "tf32" and a.value == 1 for launch in launches for a in launch.args)
 
 
 def buffers_of(launches: Sequence[Launch]) -> list[Buffer]:

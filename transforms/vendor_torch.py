@@ -5,8 +5,9 @@ Each binding takes a :class:`~transforms.run.Launch` (buffers x / a, w / b, out,
 returns the callable the worker calls. On cuda it is shaped like a CuPy kernel, ``call(grid, block, args,
 shared_mem=0, stream=None)`` with CuPy arrays; on cpu, ``call(*args)`` with the data pointers (ctypes) and scalars
 a cpu kernel gets. Either way PyTorch runs on the buffers themselves (``torch.as_tensor`` of a CuPy array, a NumPy
-view of a pointer), writing its result into ``out`` (zero copy), on the caller's stream. TF32 stays off: the vendor
-paths compute in the operands' float32 / float64. Imports torch (and NumPy) only when a binding is made.
+view of a pointer), writing its result into ``out`` (zero copy), on the caller's stream. TF32 stays off (the vendor
+paths compute in the operands' float32 / float64) unless the launch's ``tf32`` scalar is 1 (a cuDNN convolution
+under ``conv(cudnn,benchmark,tf32)``). Imports torch (and NumPy) only when a binding is made.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _conv(launch: Launch, cudnn: bool) -> Callable[[list[Any]], None]:
         shape = _conv_shape(x.shape, w.shape, stride, padding, dilation)
         if cudnn:
             torch.ops.aten.cudnn_convolution.out(x, w, padding, stride, dilation, groups, bool(s["benchmark"]),
-                                                 False, False, out=out.view(shape))
+                                                 False, bool(s.get("tf32", 0)), out=out.view(shape))
         else:  # aten.convolution.out takes a slow generic path (90 ms for a 7x7 depthwise conv on cpu): copy
             out.view(shape).copy_(torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, groups))
 

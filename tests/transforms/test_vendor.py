@@ -23,7 +23,8 @@ from transforms.convolution import match_convolution
 from transforms.plan import Plan, PlanError, Step, Target, kernel_step, verify
 from transforms.plan_runtime import PlanModule
 from transforms.recipe import parse
-from transforms.run import Worker
+from transforms.run import Launch, Worker
+from transforms.schedule import ScheduleError
 from transforms.space import RecipeSpace
 from transforms.tune import evaluator, make_task, tune
 
@@ -95,6 +96,25 @@ def test_tune_measures_the_vendor_recipes_after_the_default(tmp_path: Path) -> N
     (result,) = results
     assert result.evaluated == 3  # the default, conv(torch), one random recipe
     assert result.best_recipe is not None and result.failed == 0
+
+
+def test_tf32_convolution_is_offered_and_validated_as_eager_convolves() -> None:
+    (conv,) = subgraphs(conv_block(), "conv2d")[:1]
+    program = make_task(conv).program
+    tf32, plain = parse("conv(cudnn,benchmark,tf32)"), parse("conv(cudnn,benchmark)")
+    assert torch.backends.cudnn.allow_tf32  # PyTorch's default: eager convolves float32 in TF32 on a GPU
+    assert tf32 in RecipeSpace(program, "cuda").alternatives
+    launches = {r: kernel_step(conv, str(r), "cuda").launches for r in (tf32, plain)}
+    scalars = {r: {a["name"]: a["value"] for a in ls[0]["args"] if a["type"] == "Scalar"} for r, ls in launches.items()}
+    assert scalars[tf32]["tf32"] == 1 and scalars[plain]["tf32"] == 0 and scalars[tf32]["benchmark"] == 1
+    task = make_task(conv)
+    tolerance = {r: task.problem.tolerances([Launch.from_json(x) for x in launches[r]]) for r in (tf32, plain)}
+    (out,) = tolerance[plain]
+    assert tolerance[tf32][out] == pytest.approx(100 * tolerance[plain][out])  # float16's 1e-2 for float32's 1e-4
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # a user who turned TF32 off
+        assert tf32 not in RecipeSpace(program, "cuda").alternatives
+        with pytest.raises(ScheduleError, match="TF32 is off"):
+            kernel_step(conv, str(tf32), "cuda")
 
 
 def test_no_vendor_convolution_where_the_library_cannot_take_it() -> None:

@@ -13,7 +13,8 @@ Launch arguments are the program's full signature (``transforms.codegen.signatur
 plans and the worker bind them as they bind any kernel. Scalars describe the library call:
 
 * ``torch_conv`` / ``cudnn_conv``: buffers x, w, out; scalars stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups
-  and (cudnn) benchmark (1: cuDNN times its algorithms once per shape and keeps the fastest; 0: its heuristic).
+  and (cudnn) benchmark (1: cuDNN times its algorithms once per shape and keeps the fastest; 0: its heuristic) and
+  tf32 (1: float32 operands rounded to TF32 on the tensor cores, as eager's own convolutions by default).
 * ``torch_matmul``: buffers a, b, out; scalars m, n, k, a_outer, a_k, b_outer, b_k (element strides) and per batch
   dim i: batch<i>, a_batch<i>, b_batch<i> (extent and strides).
 """
@@ -55,7 +56,7 @@ def generate_vendor(schedule: Schedule, backend: str) -> Kernel:
         scalars = {"stride_h": sh, "stride_w": sw, "pad_h": ph, "pad_w": pw, "dil_h": dh, "dil_w": dw,
                    "groups": conv.groups}
         if library == "cudnn_conv":
-            scalars["benchmark"] = int(knobs == ["benchmark"])
+            scalars["benchmark"], scalars["tf32"] = int("benchmark" in knobs), int("tf32" in knobs)
     else:
         c = match_contraction(schedule.program)
         if c is None or c.a.dtype != c.b.dtype or c.a.dtype.value not in ("float32", "float64") or any(

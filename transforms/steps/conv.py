@@ -2,8 +2,11 @@
 library through PyTorch, then its epilogue (bias, batch-norm, activation, residual) as one generated kernel
 (``transforms.codegen.vendor``). ``cudnn`` (cuda) calls cuDNN itself, ``benchmark`` letting it time its algorithms
 once per shape and keep the fastest, ``default`` taking its heuristic's choice; ``torch`` (cpu: oneDNN; cuda: what
-PyTorch's own dispatch picks, e.g. its depthwise kernel) runs ``conv2d``. Always in float32 or float64
-arithmetic (TF32 off). Each step is a whole recipe beside the generated direct convolution's space
+PyTorch's own dispatch picks, e.g. its depthwise kernel) runs ``conv2d``. They compute in float32 or float64, but
+``conv(cudnn,benchmark,tf32)``, offered where eager PyTorch convolves in TF32 itself
+(``torch.backends.cudnn.allow_tf32``, on by default), lets cuDNN round the operands to TF32 on the tensor cores as
+eager's own convolutions do; it is validated at float16's tolerance, TF32 keeping float16's 10-bit mantissa
+(``transforms.run.Problem.tolerances``). Each step is a whole recipe beside the generated direct convolution's space
 (``transforms.space``): the library replaces the generated kernel and every knob of it."""
 
 from embed.loopnest import LoopProgram
@@ -13,7 +16,16 @@ from transforms.schedule import Schedule, ScheduleError
 from transforms.transformation import Transformation
 
 #: The steps of each backend, in the order they are tried: cuDNN's own best (timed) first.
-PATHS = {"cuda": (("cudnn", "benchmark"), ("cudnn", "default"), ("torch",)), "cpu": (("torch",),)}
+PATHS = {"cuda": (("cudnn", "benchmark"), ("cudnn", "default"), ("torch",), ("cudnn", "benchmark", "tf32")),
+         "cpu": (("torch",),)}
+TF32 = "tf32"
+
+
+def eager_convolves_in_tf32() -> bool:
+    """Whether PyTorch, as this process has it set, lets cuDNN convolve float32 in TF32 (its default)."""
+    import torch
+
+    return bool(torch.backends.cudnn.allow_tf32)
 
 
 class Conv(Transformation):
@@ -25,7 +37,8 @@ class Conv(Transformation):
     def vendor_ranked(self, program: LoopProgram, backend: str) -> list[Step]:
         if backend not in PATHS or match_convolution(program) is None:
             return []
-        return [Step("conv", args) for args in PATHS[backend]]
+        tf32 = eager_convolves_in_tf32()
+        return [Step("conv", args) for args in PATHS[backend] if tf32 or TF32 not in args]
 
     def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
         offered = self.vendor_ranked(program, backend)
@@ -34,7 +47,10 @@ class Conv(Transformation):
 
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         if step.args not in {args for paths in PATHS.values() for args in paths} or step.kwargs:
-            raise ScheduleError(f"step {step}: use conv(cudnn,benchmark), conv(cudnn,default) or conv(torch)")
+            raise ScheduleError(f"step {step}: use conv(cudnn,benchmark), conv(cudnn,default), conv(torch) or "
+                                "conv(cudnn,benchmark,tf32)")
+        if TF32 in step.args and not eager_convolves_in_tf32():
+            raise ScheduleError(f"step {step}: PyTorch's cuDNN TF32 is off here (torch.backends.cudnn.allow_tf32)")
         return schedule.set(vendor=("conv", *(str(a) for a in step.args)))
 
 
