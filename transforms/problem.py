@@ -26,6 +26,7 @@ from embed.loopnest import Dim, Indirect, LoopNest, LoopProgram
 from embed.lower import lower
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import run_dtype, signature
+from transforms.convolution import match_convolution
 from transforms.run import STORAGE, TOLERANCE, Problem, to_float, to_storage
 
 #: A float32 output may err this many times what the program evaluated plainly in float32 errs (another order of
@@ -74,26 +75,41 @@ def make_problem(graph: Graph, program: LoopProgram, *, seed: int = 0, xp: Any =
     inputs = {sig.names[n]: stored[n] for n in program.inputs if n in sig.names}
     outputs = {sig.names[n]: reference[n] for n in program.outputs}
     tolerance = tolerances(program, sig.names, values)
+    tf32: dict[str, float] = {}
     if precision is np.float64:
-        tolerance = _at_least_plain_float32(program, sig.names, stored, reference, tolerance, xp)
-    return Problem(inputs, outputs, tolerance)
+        plain = _values(program, stored, np.float32, xp)
+        tolerance = _raised(program, sig.names, plain, reference, tolerance, xp)
+        conv = match_convolution(program)
+        if conv is not None:  # what eager's own TF32 convolution errs: its operands rounded as the tensor cores do
+            rounded = {n: to_tf32(v, xp) if n in (conv.x, conv.w) else v for n, v in plain.items()}
+            tf32 = _raised(program, sig.names, rounded, reference, {}, xp)
+    return Problem(inputs, outputs, tolerance, tf32)
 
 
-def _at_least_plain_float32(program: LoopProgram, names: dict[str, str], stored: Mapping[str, Any],
-                            reference: Mapping[str, Any], tolerance: dict[str, float], xp: Any) -> dict[str, float]:
+def to_tf32(values: Any, xp: Any = np) -> Any:
+    """Float32 ``values`` rounded to TF32's 10-bit mantissa (to nearest, ties to even), as TF32 tensor cores take
+    their operands."""
+    bits = xp.ascontiguousarray(values, dtype=xp.float32).view(xp.uint32)
+    kept = (bits + xp.uint32(0xFFF) + ((bits >> xp.uint32(13)) & xp.uint32(1))) & xp.uint32(0xFFFFE000)
+    return kept.view(xp.float32)
+
+
+def _raised(program: LoopProgram, names: dict[str, str], values: Mapping[str, Any], reference: Mapping[str, Any],
+            tolerance: Mapping[str, float], xp: Any) -> dict[str, float]:
     """Float32 outputs' tolerances raised to :data:`PLAIN_FLOAT32_FACTOR` times the error of the program evaluated
-    plainly in float32 on the same inputs: the error a float32 kernel cannot avoid where the program amplifies
-    rounding (a batch-norm's normalisation after a convolution), which the dtype's tolerance does not foresee."""
+    in float32 on ``values`` (the problem's inputs as float32, or rounded further): the error such a kernel cannot
+    avoid where the program amplifies rounding (a batch-norm's normalisation after a convolution), which the
+    dtype's tolerance does not foresee."""
     from transforms.worker import check  # the one error measure of validation
 
-    plain = evaluate(program, _values(program, stored, np.float32, xp), np.float32, xp)
+    plain = evaluate(program, values, np.float32, xp)
     raised = dict(tolerance)
     for n in program.outputs:
         name = names[n]
-        if name in raised and run_dtype(program.buffers[n].dtype) == "float32":
+        if run_dtype(program.buffers[n].dtype) == "float32":
             _, error, _ = check(plain[n].astype(reference[n].dtype), reference[n], math.inf, xp, dtype="float32")
             if error is not None and math.isfinite(error):
-                raised[name] = max(raised[name], PLAIN_FLOAT32_FACTOR * error)
+                raised[name] = max(raised.get(name, 0.0), PLAIN_FLOAT32_FACTOR * error)
     return raised
 
 

@@ -195,8 +195,9 @@ class Problem:
     """
 
     def __init__(self, inputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
-                 tolerance: Mapping[str, float] | None = None) -> None:
+                 tolerance: Mapping[str, float] | None = None, tf32: Mapping[str, float] | None = None) -> None:
         self.tolerance: Mapping[str, float] = {} if tolerance is None else tolerance
+        self.tf32: Mapping[str, float] = {} if tf32 is None else tf32  # raised tolerances of trials in TF32
         self.spec: dict[str, Any] | None = None
         self._arrays: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = (inputs, reference)
         self._build: Callable[[], Problem] | None = None
@@ -223,17 +224,22 @@ class Problem:
             built = self._build()
             self._arrays = (built.inputs, built.reference)
             # building may raise a tolerance (transforms.problem: what a plain float32 evaluation errs)
-            self.tolerance = {**self.tolerance, **{k: max(v, self.tolerance.get(k, 0.0))
-                                                   for k, v in built.tolerance.items()}}
+            self.tolerance, self.tf32 = _merged(self.tolerance, built.tolerance), _merged(self.tf32, built.tf32)
         return self._arrays
 
     def tolerances(self, launches: Sequence[Launch]) -> dict[str, float]:
         """Tolerance per output buffer of ``launches``: the override, else :data:`TOLERANCE` (ints: 0). Launches
         that compute in TF32 (a ``tf32`` scalar of 1) hold float32 outputs to float16's tolerance instead, widened
-        alike: TF32 keeps float16's 10-bit mantissa."""
-        widen = TOLERANCE["float16"] / TOLERANCE["float32"] if computes_in_tf32(launches) else 1.0
-        return {b.name: self.tolerance.get(b.name, TOLERANCE.get(b.dtype, 0.0)) * (widen if b.dtype == "float32" else 1)
-                for b in buffers_of(launches) if b.kind == "output"}
+        alike (TF32 keeps float16's 10-bit mantissa), or to what a TF32 evaluation errs (``tf32``) when more."""
+        tf32 = computes_in_tf32(launches)
+        out = {}
+        for b in buffers_of(launches):
+            if b.kind == "output":
+                out[b.name] = self.tolerance.get(b.name, TOLERANCE.get(b.dtype, 0.0))
+                if tf32 and b.dtype == "float32":
+                    out[b.name] = max(out[b.name] * TOLERANCE["float16"] / TOLERANCE["float32"],
+                                      self.tf32.get(b.name, 0.0))
+        return out
 
     def save(self, path: Path) -> None:
         arrays = {f"in.{k}": np.asarray(v) for k, v in self.inputs.items()}
@@ -245,6 +251,10 @@ def _float_reference(values: Any) -> np.ndarray:
     """A reference as float32 when given so, else float64."""
     values = np.asarray(values)
     return values if values.dtype == np.float32 else values.astype(np.float64, copy=False)
+
+
+def _merged(known: Mapping[str, float], built: Mapping[str, float]) -> dict[str, float]:
+    return {**known, **{k: max(v, known.get(k, 0.0)) for k, v in built.items()}}
 
 
 def computes_in_tf32(launches: Sequence[Launch]) -> bool:

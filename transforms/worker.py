@@ -18,7 +18,7 @@ import numpy as np
 from transforms import vendor_blas, vendor_torch
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
-from transforms.run import Buffer, Launch, Scalar, buffers_of, poison, poisoned, to_float, to_storage
+from transforms.run import Buffer, Launch, Scalar, buffers_of, computes_in_tf32, poison, poisoned, to_float, to_storage
 
 Call = Callable[[], None]
 Fetch = Callable[[], dict[str, Any]]  # the buffers, in the backend's memory
@@ -65,10 +65,11 @@ class LoadedProblem:
     with what backends derive from them (device copies) kept across the trials of that problem."""
 
     def __init__(self, source: str | dict[str, Any], inputs: Mapping[str, Any], reference: Mapping[str, Any],
-                 tolerance: Mapping[str, float] | None = None) -> None:
+                 tolerance: Mapping[str, float] | None = None, tf32: Mapping[str, float] | None = None) -> None:
         self.source = source
         self.inputs, self.reference = dict(inputs), dict(reference)
-        self.tolerance = dict(tolerance or {})  # what building it found (a spec's), beside the trial's own
+        # what building it found (a spec's tolerances, for trials in float32 and in TF32), beside the trial's own
+        self.tolerance, self.tf32 = dict(tolerance or {}), dict(tf32 or {})
         self.derived: dict[tuple[str, ...], Any] = {}
 
     @classmethod
@@ -83,7 +84,7 @@ class LoadedProblem:
         from transforms.problem import problem_from_spec  # embed and pydantic: only for problems sent as specs
 
         built = problem_from_spec(source["spec"], xp)
-        return cls(source, built.inputs, built.reference, built.tolerance)
+        return cls(source, built.inputs, built.reference, built.tolerance, built.tf32)
 
     def cached(self, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
         """``make()``, computed once per key for this problem."""
@@ -332,7 +333,8 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
             if b.name not in problem.reference:
                 raise ValueError(f"the problem has no reference for output buffer {b.name!r}")
             reference = backend.reference(problem, b.name)
-            tolerance = max(message["tolerance"][b.name], problem.tolerance.get(b.name, 0.0))
+            own = problem.tf32 if computes_in_tf32(launches) else problem.tolerance
+            tolerance = max(message["tolerance"][b.name], own.get(b.name, 0.0))
             kind, error, text = check(to_float(outputs[b.name], b.dtype, reference.dtype), reference, tolerance,
                                       backend.xp, dtype=b.dtype)
             if kind is not None:

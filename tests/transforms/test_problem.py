@@ -175,9 +175,42 @@ def test_a_described_problem_and_the_worker_raise_the_tolerance_as_make_problem_
 
     graph = conv_bn_relu6()
     program = lower(graph)
-    made = make_problem(graph, program, seed=3).tolerance
+    made = make_problem(graph, program, seed=3)
     described = described_problem(graph, program, seed=3)
-    assert described.tolerance == tolerances(program, signature(program, compute_dtype(program)).names) != made
-    assert LoadedProblem.open({"spec": described.spec}).tolerance == made  # a cuda worker builds it from the spec
-    assert described.inputs  # the host arrays (a cpu trial) are built on first read, and the tolerance with them
-    assert described.tolerance == made
+    assert described.tolerance == tolerances(program, signature(program, compute_dtype(program)).names)
+    assert described.tolerance != made.tolerance and not described.tf32 and made.tf32
+    loaded = LoadedProblem.open({"spec": described.spec})  # a cuda worker builds it from the spec
+    assert (loaded.tolerance, loaded.tf32) == (made.tolerance, made.tf32)
+    assert described.inputs  # the host arrays (a cpu trial) are built on first read, and the tolerances with them
+    assert (described.tolerance, described.tf32) == (made.tolerance, made.tf32)
+
+
+def test_a_tf32_convolution_is_held_to_what_a_tf32_evaluation_errs():
+    import torch
+
+    from embed.eager import run_eager
+    from transforms.run import Buffer, Launch, Scalar
+    from transforms.worker import check
+
+    graph, seed = conv_bn_relu6(), 3
+    program = lower(graph)
+    problem = make_problem(graph, program, seed=seed)
+    names = signature(program, compute_dtype(program)).names
+    (out,) = [names[n] for n in program.outputs]
+    inputs = {n: torch.as_tensor(np.asarray(v))
+              for n, v in problem_module.quantized_inputs(graph, program, seed=seed).items()}
+    exact = run_eager(graph, inputs, compute_dtype=torch.float64)["out"].numpy()
+
+    def tf32(t):  # float32 to 10 mantissa bits, rounding the magnitude half up (the code rounds ties to even)
+        return ((t.float().view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
+
+    rounded = {n: tf32(t) if n in ("x", "w") else t.float() for n, t in inputs.items()}
+    eager_tf32 = run_eager(graph, rounded)["out"].double().numpy()
+    no_beta = run_eager(graph, {**rounded, "beta": torch.zeros(192)})["out"].double().numpy()
+    _, error, _ = check(eager_tf32, exact, np.inf, dtype="float32")
+    result = Buffer(out, tuple(exact.shape), "float32", "output")
+    plain_trial, tf32_trial = (Launch("k", (result, Scalar("tf32", on))) for on in (0, 1))
+    tolerance = problem.tolerances([tf32_trial])[out]
+    assert problem.tolerances([plain_trial])[out] < error < tolerance  # a float32 tolerance would refuse TF32
+    assert tolerance == pytest.approx(4 * error, rel=0.2)  # the code's own TF32 rounding errs about as much
+    assert check(no_beta, exact, tolerance, dtype="float32")[0] == "wrong"  # an epilogue that drops a term fails

@@ -5,9 +5,10 @@ once per shape and keep the fastest, ``default`` taking its heuristic's choice; 
 PyTorch's own dispatch picks, e.g. its depthwise kernel) runs ``conv2d``. They compute in float32 or float64, but
 ``conv(cudnn,benchmark,tf32)``, offered where eager PyTorch convolves in TF32 itself
 (``torch.backends.cudnn.allow_tf32``, on by default), lets cuDNN round the operands to TF32 on the tensor cores as
-eager's own convolutions do; it is validated at float16's tolerance, TF32 keeping float16's 10-bit mantissa
-(``transforms.run.Problem.tolerances``). Each step is a whole recipe beside the generated direct convolution's space
-(``transforms.space``): the library replaces the generated kernel and every knob of it."""
+eager's own convolutions do; it is validated at float16's tolerance (TF32 keeps float16's 10-bit mantissa) or
+at four times what the subgraph errs with the convolution's operands rounded to TF32, whichever is more
+(``transforms.run.Problem.tolerances``, ``transforms.problem``). Each step is a whole recipe beside the generated
+direct convolution's space (``transforms.space``): the library replaces the generated kernel and every knob of it."""
 
 from embed.loopnest import LoopProgram
 from transforms.convolution import match_convolution
