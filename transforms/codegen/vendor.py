@@ -6,9 +6,8 @@ epilogue) into that nest's buffer: its output, or its temporary (scratch in the 
 paths require the operands to have). Then one generated kernel (C with OpenMP on cpu, CUDA on cuda) takes each
 element of that result, applies the first nest's epilogue (a conv bias) and every later nest (batch-norm,
 activation, residual add, a GEMM's bias and views), all pointwise at the same element
-(``transforms.convolution.pointwise_epilogue``), keeping intermediate values in registers, and stores the outputs
-(on cuda each thread takes a run of :data:`RUN` elements of a row). No kernel runs when the raw result is the output
-already.
+(``transforms.convolution.pointwise_epilogue``), keeping intermediate values in registers, and stores the outputs.
+No kernel runs when the raw result is the output already.
 
 Launch arguments are the program's full signature (``transforms.codegen.signature``), for both launches, so that
 plans and the worker bind them as they bind any kernel. Scalars describe the library call:
@@ -36,9 +35,6 @@ from transforms.schedule import Schedule, ScheduleError
 
 ENTRY = "tb_epilogue"
 THREADS = 256
-#: Elements of a row one cuda thread takes, the first that divides the row: what depends on the row alone (a
-#: batch-norm's per-channel scale, a square root and a division) is computed once for them, not once per element.
-RUN = (8, 4, 2, 1)
 #: The library routine of each vendor path, by (step, path) and backend.
 LIBRARY = {(("conv", "torch"), "cpu"): "torch_conv", (("conv", "torch"), "cuda"): "torch_conv",
            (("conv", "cudnn"), "cuda"): "cudnn_conv", (("gemm", "blas"), "cpu"): "torch_matmul"}
@@ -167,17 +163,13 @@ class _Epilogue:
                 *cuda_consts(self.sig, self.buffers, self.ctype)]
         if not body:
             return Kernel("cuda", "\n".join(head) + "\n", (vendor,))
-        run = next(n for n in RUN if self.width % n == 0)
-        inner = "\n".join("    " + line for line in body)
+        inner = "\n".join("  " + line for line in body)
         code = (f'extern "C" __global__ void __launch_bounds__({THREADS}) '
                 f"{ENTRY}({cuda_params(self.sig, self.buffers, self.ctype)}) {{\n"
-                f"  const idx_t g = (idx_t)blockIdx.x * {THREADS} + threadIdx.x;\n"
-                f"  if (g >= {self.total // run}) return;\n"
-                f"  const idx_t row = g / {self.width // run}, first = g % {self.width // run} * {run};\n"
-                f"  #pragma unroll\n"
-                f"  for (int j = 0; j < {run}; j++) {{\n"
-                f"    const idx_t col = first + j, e = row * {self.width} + col;\n{inner}\n  }}\n}}\n")
-        blocks = math.ceil(self.total // run / THREADS)
+                f"  const idx_t e = (idx_t)blockIdx.x * {THREADS} + threadIdx.x;\n"
+                f"  if (e >= {self.total}) return;\n"
+                f"  const idx_t row = e / {self.width}, col = e % {self.width};\n{inner}\n}}\n")
+        blocks = math.ceil(self.total / THREADS)
         return Kernel("cuda", "\n".join(head) + "\n" + code,
                       (vendor, Launch(ENTRY, self.sig.args, (blocks, 1, 1), (THREADS, 1, 1))))
 
