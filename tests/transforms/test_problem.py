@@ -145,23 +145,38 @@ def conv_bn_relu6(batch: int = 2) -> "object":
     return g.build([g.node("minimum", [y, g.const(6.0, "float32")], (batch, 192, 56, 56), "float32", name="out")])
 
 
-def test_the_tolerance_admits_what_an_eager_float32_evaluation_errs():
-    import torch
+class ConvBnRelu6:
+    """:func:`conv_bn_relu6`'s validation problem on seed 3, its output's argument name, its inputs as tensors and
+    the float64 result of PyTorch's own evaluation. On seeds 0-3 PyTorch's float32 conv errs 1.3e-4 to 2.3e-4 here,
+    float32's tolerance widened for 32 terms being 1.41e-4: seed 3 errs the most."""
 
-    from embed.eager import run_eager
+    def __init__(self) -> None:
+        import torch
+
+        from embed.eager import run_eager
+
+        self.graph, seed = conv_bn_relu6(), 3
+        self.program = lower(self.graph)
+        self.problem = make_problem(self.graph, self.program, seed=seed)
+        self.names = signature(self.program, compute_dtype(self.program)).names
+        (self.out,) = [self.names[n] for n in self.program.outputs]
+        self.inputs = {n: torch.as_tensor(np.asarray(v))
+                       for n, v in problem_module.quantized_inputs(self.graph, self.program, seed=seed).items()}
+        self.exact = run_eager(self.graph, self.inputs, compute_dtype=torch.float64)["out"].numpy()
+
+    def eager(self, inputs: dict) -> np.ndarray:
+        """PyTorch's float32 evaluation of the subgraph on ``inputs``, as float64."""
+        from embed.eager import run_eager
+
+        return run_eager(self.graph, inputs)["out"].double().numpy()
+
+
+def test_the_tolerance_admits_what_an_eager_float32_evaluation_errs():
     from transforms.worker import check
 
-    # on seeds 0-3 PyTorch's own float32 conv errs 1.3e-4 to 2.3e-4 here, float32's tolerance widened for 32 terms
-    # being 1.41e-4: seed 3 errs the most
-    graph, seed = conv_bn_relu6(), 3
-    program = lower(graph)
-    problem = make_problem(graph, program, seed=seed)
-    names = signature(program, compute_dtype(program)).names
-    (out,) = [names[n] for n in program.outputs]
-    inputs = {n: torch.as_tensor(np.asarray(v))
-              for n, v in problem_module.quantized_inputs(graph, program, seed=seed).items()}
-    exact = run_eager(graph, inputs, compute_dtype=torch.float64)["out"].numpy()
-    plain = run_eager(graph, {n: t.float() for n, t in inputs.items()})["out"].double().numpy()
+    case = ConvBnRelu6()
+    problem, program, names, out, exact = case.problem, case.program, case.names, case.out, case.exact
+    plain = case.eager({n: t.float() for n, t in case.inputs.items()})
     _, eager_error, _ = check(plain, exact, np.inf, dtype="float32")
     # batch-norm after the conv amplifies float32 rounding past float32's tolerance widened for 32 terms ...
     assert eager_error > tolerances(program, names)[out]
@@ -188,25 +203,18 @@ def test_a_described_problem_and_the_worker_raise_the_tolerance_as_make_problem_
 def test_a_tf32_convolution_is_held_to_what_a_tf32_evaluation_errs():
     import torch
 
-    from embed.eager import run_eager
     from transforms.run import Buffer, Launch, Scalar
     from transforms.worker import check
 
-    graph, seed = conv_bn_relu6(), 3
-    program = lower(graph)
-    problem = make_problem(graph, program, seed=seed)
-    names = signature(program, compute_dtype(program)).names
-    (out,) = [names[n] for n in program.outputs]
-    inputs = {n: torch.as_tensor(np.asarray(v))
-              for n, v in problem_module.quantized_inputs(graph, program, seed=seed).items()}
-    exact = run_eager(graph, inputs, compute_dtype=torch.float64)["out"].numpy()
+    case = ConvBnRelu6()
+    problem, out, exact = case.problem, case.out, case.exact
 
     def tf32(t):  # float32 to 10 mantissa bits, rounding the magnitude half up (the code rounds ties to even)
         return ((t.float().view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
 
-    rounded = {n: tf32(t) if n in ("x", "w") else t.float() for n, t in inputs.items()}
-    eager_tf32 = run_eager(graph, rounded)["out"].double().numpy()
-    no_beta = run_eager(graph, {**rounded, "beta": torch.zeros(192)})["out"].double().numpy()
+    rounded = {n: tf32(t) if n in ("x", "w") else t.float() for n, t in case.inputs.items()}
+    eager_tf32 = case.eager(rounded)
+    no_beta = case.eager({**rounded, "beta": torch.zeros(192)})
     _, error, _ = check(eager_tf32, exact, np.inf, dtype="float32")
     result = Buffer(out, tuple(exact.shape), "float32", "output")
     plain_trial, tf32_trial = (Launch("k", (result, Scalar("tf32", on))) for on in (0, 1))
