@@ -118,8 +118,11 @@ MUTANTS += [
            "found = index.search(session, vector, k + len(exclude), kinds={task.kind})",
            "found = index.search(session, vector, k, kinds={task.kind})", TRANSFER),
     Mutant("transfer-first-neighbour-only", "only the first neighbour's recipe is tried", T,
-           "given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default]",
-           "given = [r for r in dict.fromkeys(parse(n.recipe) for n in near[:1]) if r != default]", TRANSFER),
+           "given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default and",
+           "given = [r for r in dict.fromkeys(parse(n.recipe) for n in near[:1]) if r != default and", TRANSFER),
+    Mutant("transfer-no-library", "the vendor library's recipes are only a fill candidate", T,
+           "libraries = [r for r in space.alternatives if r != default] if library else []",
+           "libraries = []", TRANSFER),
     Mutant("transfer-third-fastest-recipe", "a neighbour gives its third fastest recipe", T,
            "ranked = {row.id: [best[row.id]] if row.id in best else [] for row, _ in hits}",
            "ranked = {row.id: top_k_recipes(session, subgraph_id=row.id, device_id=device_id, k=3)[-1:]\n"
@@ -127,6 +130,26 @@ MUTANTS += [
     Mutant("transfer-winner-is-default", "the default always wins", T,
            "winner: tuple[Recipe, RunResult] = searcher.best or (default, base)",
            "winner: tuple[Recipe, RunResult] = (default, base)", TRANSFER),
+]
+
+PROBLEM = ("tests/transforms/test_problem.py", "tests/transforms/test_run.py", "tests/transforms/test_worker.py",
+           "tests/transforms/test_vendor.py")
+MUTANTS += [
+    # what validation holds a kernel to, and what a plan hands it
+    Mutant("scratch-zeroed", "validation hands kernels zeroed scratch, which a plan does not", W,
+           "        else:\n            arrays[b.name] = poisoned(b.shape, b.dtype)",
+           "        elif b.kind == \"output\":\n            arrays[b.name] = poisoned(b.shape, b.dtype)\n"
+           "        else:\n            arrays[b.name] = to_storage(np.zeros(b.shape), b.dtype)", PROBLEM),
+    Mutant("tolerance-no-plain-float32", "the tolerance ignores what a plain float32 evaluation errs",
+           "transforms/problem.py", "tolerance = _raised(program, sig.names, plain, reference, tolerance, xp)",
+           "tolerance = dict(tolerance)", PROBLEM),
+    Mutant("tolerance-tf32-as-float32", "a TF32 trial is held to float32's tolerance", "transforms/run.py",
+           "        tf32 = computes_in_tf32(launches)\n", "        tf32 = False\n", PROBLEM),
+    Mutant("tf32-offered-regardless", "TF32 convolutions offered where PyTorch's TF32 is off",
+           "transforms/steps/conv.py", "if tf32 or TF32 not in args]", "]", PROBLEM),
+    Mutant("eager-scalars-on-device", "relu6's constants stay one-element device tensors", "embed/eager.py",
+           "            .to(\"cpu\" if name in scalar else device, TORCH_DTYPES[t.dtype])",
+           "            .to(device, TORCH_DTYPES[t.dtype])", ("tests/embed/test_eager.py",)),
 ]
 
 EVALUATE = ("tests/embed/test_evaluate.py", "tests/transforms/test_problem.py")
