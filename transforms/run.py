@@ -450,11 +450,13 @@ def run(
             if not trial.build.ok:
                 results.append(RunResult.failure(trial.build.error_kind or "compile", trial.build.error))
                 continue
+            # the problem's source first: building its host arrays (a cpu trial) may raise its tolerances
+            source = worker.problem_source(trial.problem, trial.build.backend)
             message = {
                 "backend": trial.build.backend,
                 "artifact": trial.build.artifact,
                 "launches": [launch.to_json() for launch in trial.launches],
-                "problem": worker.problem_source(trial.problem, trial.build.backend),
+                "problem": source,
                 "tolerance": trial.problem.tolerances(trial.launches),
                 "warmup": warmup,
                 "repeats": repeats,
