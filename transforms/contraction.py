@@ -330,6 +330,16 @@ def match_contraction(program: LoopProgram) -> Contraction | None:
     return contraction if epilogue_ok(program, mm) else None
 
 
+def blas_contraction(program: LoopProgram) -> Contraction | None:
+    """:func:`match_contraction`'s contraction when a BLAS call can compute its product (``gemm(blas)``): operands
+    and every float buffer float32, or all float64 (the BLAS path keeps the product in the compute type)."""
+    c = match_contraction(program)
+    if c is None or c.a.dtype != c.b.dtype or c.a.dtype not in (DType.FLOAT32, DType.FLOAT64):
+        return None
+    non_float = (DType.INT32, DType.INT64, DType.BOOL)
+    return c if all(b.dtype in (c.a.dtype, *non_float) for b in c.program.buffers.values()) else None
+
+
 def _operand(program: LoopProgram, access: Access, batch: list[str], outer: str, k: str) -> Operand | None:
     if access.fill is not None or any(not _plain(e) for e in access.index):
         return None

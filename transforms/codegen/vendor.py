@@ -28,7 +28,7 @@ from transforms.codegen.cuda import CUDA_HEAD
 from transforms.codegen.cuda_gemm import EpiloguePrinter
 from transforms.codegen.expr import STORAGE_C, extents, literal, prelude
 from transforms.codegen.kernel import Kernel, codegen_context, cuda_consts, cuda_params
-from transforms.contraction import match_contraction
+from transforms.contraction import blas_contraction
 from transforms.convolution import match_convolution
 from transforms.run import Launch, Scalar
 from transforms.schedule import Schedule, ScheduleError
@@ -58,9 +58,8 @@ def generate_vendor(schedule: Schedule, backend: str) -> Kernel:
         if library == "cudnn_conv":
             scalars["benchmark"], scalars["tf32"] = int("benchmark" in knobs), int("tf32" in knobs)
     else:
-        c = match_contraction(schedule.program)
-        if c is None or c.a.dtype != c.b.dtype or c.a.dtype.value not in ("float32", "float64") or any(
-                b.dtype.value == "float64" for b in c.program.buffers.values()) != (c.a.dtype.value == "float64"):
+        c = blas_contraction(schedule.program)
+        if c is None:
             raise ScheduleError("gemm(blas): the program is not a float32 / float64 contraction")
         program = c.program
         operands = (c.a.buffer, c.b.buffer)

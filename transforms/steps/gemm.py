@@ -8,7 +8,6 @@ product with PyTorch's BLAS (MKL / OpenBLAS), then the epilogue as one generated
 (``transforms.codegen.vendor``): a whole recipe beside the generated loops' space (``transforms.space``), float32 /
 float64 only. See :class:`~transforms.contraction.GemmConfig` for the parameters."""
 
-from embed.ir import DType
 from embed.loopnest import LoopProgram
 from transforms.contraction import (
     LT_ALGOS,
@@ -16,6 +15,7 @@ from transforms.contraction import (
     SPLIT_K,
     VENDOR_PATHS,
     GemmConfig,
+    blas_contraction,
     gemm_configs,
     match_contraction,
 )
@@ -44,12 +44,12 @@ class Gemm(Transformation):
 
     def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
         if backend == "cpu":
-            return BLAS if step == BLAS and _blas_legal(program) else None
+            return BLAS if step == BLAS and blas_contraction(program) else None
         return super().nearest(step, program, backend)
 
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         if step == BLAS:
-            if not _blas_legal(schedule.program):
+            if blas_contraction(schedule.program) is None:
                 raise ScheduleError(f"step {step}: the program is not a float32 / float64 contraction")
             return schedule.set(vendor=("gemm", "blas"))
         path = expect_ident(step, 0, PATHS)
@@ -75,16 +75,4 @@ class Gemm(Transformation):
 
 
 BLAS = Step("gemm", ("blas",))
-
-
-def _blas_legal(program: LoopProgram) -> bool:
-    """A contraction whose operands and every float buffer are float32, or all float64 (the BLAS path keeps the
-    product in the compute type)."""
-    c = match_contraction(program)
-    if c is None or c.a.dtype != c.b.dtype or c.a.dtype not in (DType.FLOAT32, DType.FLOAT64):
-        return False
-    return all(b.dtype in (c.a.dtype, *NON_FLOAT) for b in c.program.buffers.values())
-
-
-NON_FLOAT = (DType.INT32, DType.INT64, DType.BOOL)
 STEP = Gemm()
