@@ -48,8 +48,8 @@ class Conv(Transformation):
 
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         if step.args not in {args for paths in PATHS.values() for args in paths} or step.kwargs:
-            raise ScheduleError(f"step {step}: use conv(cudnn,benchmark), conv(cudnn,default), conv(torch) or "
-                                "conv(cudnn,benchmark,tf32)")
+            known = dict.fromkeys(f"conv({','.join(args)})" for paths in PATHS.values() for args in paths)
+            raise ScheduleError(f"step {step}: use one of {', '.join(known)}")
         if TF32 in step.args and not eager_convolves_in_tf32():
             raise ScheduleError(f"step {step}: PyTorch's cuDNN TF32 is off here (torch.backends.cudnn.allow_tf32)")
         return schedule.set(vendor=("conv", *(str(a) for a in step.args)))
