@@ -329,11 +329,11 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
         unwritten = sorted(set(problem.reference) - {b.name for b in written})
         if unwritten:
             return RunResult.failure("wrong", f"no output buffer of the launches holds output {unwritten[0]!r}"), False
+        own = problem.tf32 if computes_in_tf32(launches) else problem.tolerance  # what building the problem raised
         for b in written:
             if b.name not in problem.reference:
                 raise ValueError(f"the problem has no reference for output buffer {b.name!r}")
             reference = backend.reference(problem, b.name)
-            own = problem.tf32 if computes_in_tf32(launches) else problem.tolerance
             tolerance = max(message["tolerance"][b.name], own.get(b.name, 0.0))
             kind, error, text = check(to_float(outputs[b.name], b.dtype, reference.dtype), reference, tolerance,
                                       backend.xp, dtype=b.dtype)
