@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -312,6 +313,8 @@ if __name__ == "__main__":  # import check: every model through the PyTorch impo
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--ir-out", type=Path, help="also write each model's graph here as IR JSON (MODEL.json), "
+                                                     "for `tunebank bench transfer --models`")
     args = parser.parse_args()
     from embed.importers.torch_importer import import_module
     from embed.partition import partition
@@ -321,6 +324,9 @@ if __name__ == "__main__":  # import check: every model through the PyTorch impo
         mod, ins = build(model, "meta")
         graph = import_module(mod, ins, name=model)
         subs = partition(graph)
+        if args.ir_out is not None:
+            args.ir_out.mkdir(parents=True, exist_ok=True)
+            (args.ir_out / f"{model}.json").write_text(graph.to_json())
         kinds = collections.Counter(str(s.kind) for s in subs)
         print(f"{model}: {len(graph.nodes)} nodes, {len(subs)} subgraphs, {dict(sorted(kinds.items()))}, "
               f"{sum(p.numel() for p in mod.parameters()) / 1e6:.1f} M params")

@@ -71,12 +71,17 @@ SPLITS = ("model", "family")
 FILLS = ("none", "random", "model")
 OPTIMA = ("recorded", "strong")
 FILL_POOLS = ("space", "recorded")
+#: The run's measurements in the order they depend on each other: each subgraph's own search, random picks and
+#: enumerated strong optimum; then the cross table (needs every subgraph's best) and the evolutionary strong optimum
+#: (needs the cross table); then the folds' transfers (need all of it). A sharded run measures one stage at a time.
+STAGES = ("subgraphs", "cross", "folds")
 
 
 def family_of(spec: str) -> str:
-    """The zoo family of a model (``bert_encoder`` of ``bert_encoder-h512-s128-b4``); an ONNX file is its own."""
-    if spec.lower().endswith(".onnx"):
-        return spec
+    """The family of a model: ``bert_encoder`` of ``bert_encoder-h512-s128-b4`` (a zoo name) or of
+    ``models/bert_encoder-h512-s128-b4.json`` (a file, by its name's part before the first ``-``)."""
+    if spec.lower().endswith((".onnx", ".json")):
+        return Path(spec).stem.partition("-")[0]
     return spec.removeprefix("zoo:").partition("-")[0]
 
 
@@ -129,6 +134,11 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"held-out models {sorted(unknown)} are not among --models")
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "BenchConfig":
+        """The config of ``dataclasses.asdict(config)`` after a JSON round trip (lists back to tuples)."""
+        return cls(**{name: tuple(v) if isinstance(v, list) else v for name, v in data.items()})
+
     @property
     def random_k(self) -> tuple[int, ...]:
         return self.random_ks or self.ks
@@ -165,9 +175,46 @@ class HeldOut:
     strong_searched: int = 0  # recipes the strong optimum's search proposed (those not measured before ran)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """Part ``index`` of ``count`` of stage ``stage``'s measurements: the stage's subgraphs (or folds) are dealt
+    out by estimated cost, each to the part with the least so far (largest first), so the parts take about as long
+    and every process computes the same deal."""
+
+    stage: str
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES or not 0 <= self.index < self.count:
+            raise ValueError(f"a shard is STAGE:I/N with STAGE one of {', '.join(STAGES)} and 0 <= I < N, "
+                             f"got {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        """``STAGE:I/N``, e.g. ``subgraphs:0/4``."""
+        stage, _, part = text.partition(":")
+        index, _, count = part.partition("/")
+        try:
+            return cls(stage, int(index), int(count))
+        except ValueError as e:
+            raise ValueError(f"bad shard {text!r}: {e}") from None
+
+    def part(self, items: Sequence[Any], cost: Callable[[Any], int]) -> list[Any]:
+        """This shard's items, in their given order."""
+        loads, mine = [0] * self.count, set()
+        for position in sorted(range(len(items)), key=lambda i: -cost(items[i])):
+            lightest = loads.index(min(loads))
+            loads[lightest] += cost(items[position])
+            if lightest == self.index:
+                mine.add(position)
+        return [item for i, item in enumerate(items) if i in mine]
+
+
 def load_graph(spec: str) -> Graph:
-    """A zoo model (``NAME`` or ``zoo:NAME``) or an ``.onnx`` file."""
-    return load_model(spec if spec.startswith("zoo:") or spec.lower().endswith(".onnx") else f"zoo:{spec}")
+    """A zoo model (``NAME`` or ``zoo:NAME``), an ``.onnx`` file or an IR ``.json`` file."""
+    is_file = spec.lower().endswith((".onnx", ".json"))
+    return load_model(spec if spec.startswith("zoo:") or is_file else f"zoo:{spec}")
 
 
 class TransferBench:
@@ -183,25 +230,50 @@ class TransferBench:
         self.own: dict[str, list[tuple[str, Any]]] = {}
         self.best: dict[str, str] = {}
         self.cross: dict[str, dict[str, str]] = {}
+        self.picks: dict[str, dict[int, float]] = {}  # held-out key -> k -> best of default + k random recipes
+        self.strong: dict[str, tuple[str, int]] = {}  # held-out key -> how its strong optimum searched, recipes
 
-    def run(self) -> list[HeldOut]:
+    def run(self, shard: Shard | None = None) -> list[HeldOut]:
+        """Every stage's measurements (:data:`STAGES`), then the outcomes. With ``shard``, the stages before
+        ``shard.stage`` are replayed from the table (where the other shards' measurements were merged), only the
+        shard's part of its own stage is measured, and nothing is returned."""
         self._load()
-        self._tune_all()
         folds = self._folds()
-        keys = list(dict.fromkeys(k for _, models in folds for m in models for k in self.models[m]))
-        picks = {}
+        held = set(k for _, models in folds for m in models for k in self.models[m])
+        c, last = self.config, STAGES.index(shard.stage) if shard else len(STAGES) - 1
+
+        def part(stage: str, items: list[Any], cost: Callable[[Any], int]) -> list[Any]:
+            return items if shard is None or shard.stage != stage else shard.part(items, cost)
+
+        sizes = {key: RecipeSpace(task.program, self.backend).size() for key, task in self.tasks.items()}
+        exhaustive = {key for key, size in sizes.items() if c.optimum == "strong" and key in held
+                      and size < c.exhaustive_below}
+        keys = part("subgraphs", list(self.tasks), lambda key: c.budget + (sizes[key] if key in exhaustive else 0))
         for n, key in enumerate(keys, 1):
-            self.progress(f"random picks {n}/{len(keys)}")
-            picks[key] = self._random_k(key)
-        strong = {}
-        if self.config.optimum == "strong":
-            for n, key in enumerate(keys, 1):
-                self.progress(f"strong optimum {n}/{len(keys)}: {self.tasks[key].name[:60]}")
-                strong[key] = self._strong(key)
-        outcomes = [o for i, (name, models) in enumerate(folds) for o in self._fold(i, name, models)]
+            self.progress(f"subgraphs {n}/{len(keys)}: {self.tasks[key].name[:60]}")
+            self._tune(key)
+            if key in held:
+                self.picks[key] = self._random_k(key)
+            if key in exhaustive:
+                self.strong[key] = self._strong(key)
+        if last == 0:
+            return []
+        searched = {key for key in held if c.optimum == "strong" and key not in exhaustive}
+        keys = part("cross", list(self.tasks), lambda key: 1 + (c.strong_budget if key in searched else 0))
+        for n, key in enumerate(keys, 1):
+            self.progress(f"cross table and strong optimum {n}/{len(keys)}: {self.tasks[key].name[:60]}")
+            self._cross(key)
+            if key in searched:
+                self.strong[key] = self._strong(key)
+        if last == 1:
+            return []
+        mine = part("folds", list(range(len(folds))), lambda i: len(folds[i][1]))
+        outcomes = [o for i in mine for o in self._fold(i, *folds[i])]
+        if shard is not None:
+            return []
         for o in outcomes:
-            o.random = picks[o.key]
-            o.optimum_search, o.strong_searched = strong.get(o.key, ("recorded", 0))
+            o.random = self.picks[o.key]
+            o.optimum_search, o.strong_searched = self.strong.get(o.key, ("recorded", 0))
             recorded = self.measurer.table.results[o.key]
             ok = [v for v in recorded.values() if not isinstance(v, str)]
             o.optimum_s, o.recorded = min(ok, default=math.inf), len(recorded)
@@ -228,21 +300,23 @@ class TransferBench:
         for key, s in self.subgraphs.items():
             self.tasks[key] = make_task(s, seed=self.config.seed, name=f"{s.graph.name} ({'+'.join(s.ops)})")
 
-    def _tune_all(self) -> None:
-        for n, (key, task) in enumerate(self.tasks.items(), 1):
-            self.progress(f"tuning {n}/{len(self.tasks)}: {task.name[:60]}")
-            baseline(task, key, self.measurer, self.backend)
-            history = tune_one(task, key, self.measurer, backend=self.backend, strategy=self.config.strategy,
-                               budget=self.config.budget, seed=self.config.seed)
-            self.own[key] = [(str(r), m) for r, m in history]
-            found = best_of(history)
-            if found is not None:
-                self.best[key] = str(found[0])
-        for n, (key, task) in enumerate(self.tasks.items(), 1):
-            self.progress(f"cross table {n}/{len(self.tasks)}")
-            sources = {h: r for h, r in self.best.items() if h != key and self.tasks[h].kind == task.kind}
-            self.cross[key] = cross_recipes(task.program, self.backend, sources)
-            self.measurer.measure(task, key, [parse(r) for r in sorted(set(self.cross[key].values()))])
+    def _tune(self, key: str) -> None:
+        """The subgraph's baseline and its own search (``budget`` recipes of ``strategy``)."""
+        task = self.tasks[key]
+        baseline(task, key, self.measurer, self.backend)
+        history = tune_one(task, key, self.measurer, backend=self.backend, strategy=self.config.strategy,
+                           budget=self.config.budget, seed=self.config.seed)
+        self.own[key] = [(str(r), m) for r, m in history]
+        found = best_of(history)
+        if found is not None:
+            self.best[key] = str(found[0])
+
+    def _cross(self, key: str) -> None:
+        """Every other same-kind subgraph's best recipe, adapted, measured on this one (needs every ``_tune``)."""
+        task = self.tasks[key]
+        sources = {h: r for h, r in self.best.items() if h != key and self.tasks[h].kind == task.kind}
+        self.cross[key] = cross_recipes(task.program, self.backend, sources)
+        self.measurer.measure(task, key, [parse(r) for r in sorted(set(self.cross[key].values()))])
 
     def _training_db(self, fold: int, train: list[str]) -> tuple[Database, int, dict[str, int]]:
         database = Database(f"sqlite:///{self.workdir / f'fold{fold}.db'}")
@@ -360,7 +434,7 @@ class TransferBench:
         searcher = Evolutionary(space, budget=len(seeds) + c.strong_budget, seed=c.seed)
         searcher.asked.update(seeds)  # the budget buys strong_budget recipes the seeds do not hold
         searcher.tell(list(zip(seeds, measure(seeds), strict=True)))
-        search(searcher, measure)
+        search(searcher, measure, batch=searcher.population)  # a generation per batch: compiled in parallel
         return "evolutionary", len(searcher.asked) - len(seeds)
 
     def _oracle_ranking(self, key: str, session: Session, device_id: int, ids: Mapping[str, int]) -> list[Neighbour]:
@@ -414,9 +488,10 @@ def _summary(result: Any) -> dict[str, Any]:
 
 
 def run_bench(config: BenchConfig, measurer: Measurer, *, workdir: Path | None = None,
-              progress: Progress | None = None) -> list[HeldOut]:
-    """Run the harness; databases and index files go to ``workdir`` (a temporary folder by default)."""
+              progress: Progress | None = None, shard: Shard | None = None) -> list[HeldOut]:
+    """Run the harness (only ``shard``'s measurements, returning nothing, when given); databases and index files go
+    to ``workdir`` (a temporary folder by default)."""
     if workdir is not None:
-        return TransferBench(config, measurer, workdir=workdir, progress=progress).run()
+        return TransferBench(config, measurer, workdir=workdir, progress=progress).run(shard)
     with tempfile.TemporaryDirectory(prefix="tunebank-bench-") as tmp:
-        return TransferBench(config, measurer, workdir=Path(tmp), progress=progress).run()
+        return TransferBench(config, measurer, workdir=Path(tmp), progress=progress).run(shard)

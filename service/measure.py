@@ -42,6 +42,18 @@ class MeasurementTable:
         """Recipe measurements held (failures included; eager times not)."""
         return sum(len(v) for v in self.results.values())
 
+    def merge(self, other: "MeasurementTable") -> int:
+        """Add what ``other`` holds and this table lacks (this table's values win); the measurements added."""
+        added = 0
+        for key, recipes in other.results.items():
+            known = self.results.setdefault(key, {})
+            for recipe, value in recipes.items():
+                if recipe not in known:
+                    known[recipe], added = value, added + 1
+        for key, seconds in other.eager.items():
+            self.eager.setdefault(key, seconds)
+        return added
+
     def to_json(self) -> dict[str, Any]:
         return {"device": asdict(self.device), "toolchain": self.toolchain, "results": self.results,
                 "eager": self.eager}

@@ -10,7 +10,9 @@ import math
 import os
 import shlex
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +28,7 @@ from service.bench_report import report_json, report_markdown
 from service.bench_transfer import BenchConfig, run_bench
 from service.devices import toolchain
 from service.measure import Checkpoint, MeasurementTable, Measurer, MissingMeasurementError, RunStopped
+from tunebank.cli.bench_devices import STOPPED, live_measurer, measure_on_devices, write_json
 from tunebank.cli.errors import fail
 from tunebank.settings import Settings
 
@@ -51,14 +54,6 @@ def _recording(path: Path) -> dict[str, Any]:
     return data
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically: a run killed while saving keeps its previous checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(data, allow_nan=False))
-    os.replace(partial, path)
-
-
 def _live_table(backend: str, resume: Path | None) -> tuple[MeasurementTable, list[dict[str, Any]]]:
     """A new table on this machine's device, or the resumed one (which must come from the same device and
     toolchain), with the runs that measured it."""
@@ -75,22 +70,36 @@ def _live_table(backend: str, resume: Path | None) -> tuple[MeasurementTable, li
     return table, list(data.get("runs", []))
 
 
-def _measurer(table: MeasurementTable, *, backend: str, cache_dir: Path, worker: Any, repeats: int,
-              checkpoint: Checkpoint, timeout_s: float) -> Measurer:
-    """``service.measure.live_measurer`` with each candidate bounded by ``timeout_s``."""
-    from transforms.tune import eager_seconds, evaluator
+def _stopped(e: RunStopped, table: MeasurementTable, checkpoint: Path | None) -> None:
+    console.print(f"{e}: {table.size} measurements saved to {checkpoint}; continue with --resume {checkpoint}",
+                  markup=False)
+    raise typer.Exit(code=STOPPED)
 
-    def run(task: Any, recipes: list[Any]) -> list[Any]:
-        return evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
-                         timeout_s=timeout_s)(recipes)
 
-    return Measurer(table, run=run, eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=backend),
-                    checkpoint=checkpoint)
+def _measure_on_devices(config: BenchConfig, table: MeasurementTable, *, stop_after_s: float,
+                        save: Callable[[MeasurementTable, int], None], checkpoint: Path | None, **options: Any) -> None:
+    """``measure_on_devices`` in a scratch folder, stopping or failing as the command does."""
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        console.print(f"[{time.monotonic() - started:5.0f} s] {message}", markup=False)
+
+    with tempfile.TemporaryDirectory(prefix="tunebank-devices-") as workdir:
+        try:
+            measure_on_devices(config, table, workdir=Path(workdir), stop_after_s=stop_after_s or math.inf, save=save,
+                               progress=progress, **options)
+        except RunStopped as e:
+            _stopped(e, table, checkpoint)
+        except RuntimeError as e:
+            fail(f"{e}; what was measured is saved to {checkpoint}" if checkpoint else str(e))
+        except ValueError as e:  # more --devices than visible GPUs
+            fail(str(e))
 
 
 @app.command("transfer")
 def transfer_command(
-    models: Annotated[str, typer.Option(help="comma-separated zoo names or .onnx files")] = DEFAULT_MODELS,
+    models: Annotated[str, typer.Option(help="comma-separated zoo names, .onnx or IR .json files (a file's family: "
+                                             "its name before the first '-')")] = DEFAULT_MODELS,
     backend: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     budget: Annotated[int, typer.Option(min=1, help="recipes searched per subgraph for the optimum")] = 32,
     k: Annotated[str, typer.Option("--k", help="neighbour counts, comma-separated")] = "1,3,5,10",
@@ -124,6 +133,8 @@ def transfer_command(
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     encoder_seed: Annotated[int | None, typer.Option(
         help="seed of the learned encoder's training (default: --seed); a replay can vary it alone")] = None,
+    devices: Annotated[int, typer.Option(min=1, help="measure on this many GPUs at once, one process each "
+                                                   "(CUDA_VISIBLE_DEVICES), stage by stage; cpu: processes")] = 1,
     cpu_threads: Annotated[int, typer.Option(min=0, help="OpenMP threads for cpu kernels (0: leave as is)")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="seconds each candidate may take to validate "
                                                                      "and time before its worker is killed")] = 30.0,
@@ -142,6 +153,8 @@ def transfer_command(
         fail(f"unknown backend {backend!r}; choose cpu or cuda")
     if replay is not None and (resume or checkpoint or stop_after):
         fail("--replay measures nothing: it takes no --resume, --checkpoint or --stop-after")
+    if replay is not None and devices > 1:
+        fail("--replay measures nothing: it takes no --devices")
     if stop_after and checkpoint is None:
         fail("--stop-after needs --checkpoint (where the measurements are kept to resume from)")
     try:
@@ -171,12 +184,20 @@ def transfer_command(
             def save(table: MeasurementTable) -> None:
                 run["kernels"] = measurer.evaluations
                 if checkpoint is not None:
-                    _write_json(checkpoint, {"config": asdict(config), "runs": runs,
-                                             "measurements": table.to_json()})
+                    write_json(checkpoint, {"config": asdict(config), "runs": runs, "measurements": table.to_json()})
 
             saver = Checkpoint(save, every_s=checkpoint_every, stop_after_s=stop_after or math.inf)
-            measurer = _measurer(table, backend=backend, cache_dir=Settings().data_dir / "kernels", worker=worker,
-                                 repeats=repeats, checkpoint=saver, timeout_s=timeout)
+            cache_dir = Settings().data_dir / "kernels"
+            measurer = live_measurer(table, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
+                                     checkpoint=saver, timeout_s=timeout)
+            if devices > 1:
+                def save_devices(table: MeasurementTable, kernels: int) -> None:
+                    measurer.evaluations = kernels  # the command's count: the shards' kernels, then its own
+                    save(table)
+
+                _measure_on_devices(config, table, devices=devices, backend=backend, repeats=repeats,
+                                    timeout_s=timeout, cache_dir=cache_dir, stop_after_s=stop_after,
+                                    save=save_devices, checkpoint=checkpoint)
 
         def progress(message: str) -> None:
             console.print(f"[{time.monotonic() - started:5.0f} s, {measurer.evaluations} kernels] {message}",
@@ -185,9 +206,7 @@ def transfer_command(
         try:
             outcomes = run_bench(config, measurer, progress=progress)
         except RunStopped as e:
-            console.print(f"{e}: {measurer.table.size} measurements saved to {checkpoint}; continue with "
-                          f"--resume {checkpoint}", markup=False)
-            raise typer.Exit(code=3) from None
+            _stopped(e, measurer.table, checkpoint)
         except (EmbedError, MissingMeasurementError, UnknownNameError) as e:
             fail(str(e).splitlines()[0])
         if replay is None:

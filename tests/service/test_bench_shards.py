@@ -1,0 +1,108 @@
+"""A transfer benchmark measured in shards, stage by stage, is the same run as one measured whole."""
+
+import hashlib
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from embed.partition import partition
+from service.bench_transfer import STAGES, BenchConfig, Shard, family_of, load_graph, run_bench
+from service.measure import MeasurementTable, Measurer
+from tests.service.conftest import DEVICE
+from transforms.results import RunResult
+
+SHARDED = BenchConfig(models=("lm_head-h64-v256-t32", "lm_head-h64-v128-t32", "cnn_head-c32-i7-b1"), budget=6,
+                      ks=(1, 2), encoders=("static",), fills=("random", "model"), split="family", optimum="strong",
+                      exhaustive_below=1950, strong_budget=8)
+
+
+class _Synthetic(Measurer):
+    """Times that are a pseudo-random function of (subgraph, recipe), so that every subgraph has its own best recipe
+    and the cross table depends on which subgraphs were tuned; ``runs`` gets every (subgraph, recipe) it runs."""
+
+    def __init__(self, table: MeasurementTable, runs: list[tuple[str, str]]) -> None:
+        super().__init__(table, run=lambda task, recipes: [
+            RunResult(ok=True, median_s=self._seconds(r), repeats=1) for r in recipes], eager_time=lambda task: 1.5e-3)
+        self.runs, self.key = runs, ""
+
+    def _seconds(self, recipe) -> float:
+        return 1e-3 * (1 + hashlib.sha256(f"{self.key}|{recipe}".encode()).digest()[0] / 255)
+
+    def measure(self, task, key, recipes):
+        known = self.table.results.get(key, {})
+        self.runs.extend((key, r) for r in dict.fromkeys(str(r) for r in recipes if str(r) not in known))
+        self.key = key
+        return super().measure(task, key, recipes)
+
+
+
+
+
+def test_shards_deal_every_item_once_largest_first_to_the_lightest_part() -> None:
+    costs = {"a": 5, "b": 4, "c": 3, "d": 3, "e": 1}
+    # by hand: a(5)->0; b(4)->1; c(3)->1 (4 < 5): 7; d(3)->0: 8; e(1)->1 (7 < 8): 8
+    parts = [Shard("cross", n, 2).part(list(costs), costs.__getitem__) for n in range(2)]
+    assert parts == [["a", "d"], ["b", "c", "e"]]
+    assert Shard.parse("folds:1/4") == Shard("folds", 1, 4)
+    for bad in ("folds:4/4", "search:0/2", "folds:x/2"):
+        with pytest.raises(ValueError, match="shard"):
+            Shard.parse(bad)
+
+
+@pytest.mark.parametrize("config, count", [
+    (replace(SHARDED, exhaustive_below=0), 2),  # same-kind subgraphs in both shards: the cross table needs them all
+    (SHARDED, 3),  # the enumerated strong optimum's subgraph is one shard's alone, the rest are dealt to two
+], ids=["evolutionary", "both"])
+def test_a_run_measured_in_shards_replays_as_the_run_measured_whole(config: BenchConfig, count: int,
+                                                                    tmp_path: Path) -> None:
+    whole_runs: list[tuple[str, str]] = []
+    whole = _Synthetic(MeasurementTable(DEVICE, "synthetic"), whole_runs)
+    outcomes = run_bench(config, whole, workdir=tmp_path / "whole")
+
+    merged = {1: MeasurementTable(DEVICE, "synthetic"), count: MeasurementTable(DEVICE, "synthetic")}
+    measured: dict[tuple[str, int, int], set[tuple[str, str]]] = {}
+    for stage in STAGES:
+        for parts in (1, count):
+            for n in range(parts):
+                runs: list[tuple[str, str]] = []
+                table = MeasurementTable.from_json(json.loads(json.dumps(merged[parts].to_json())))
+                shard = Shard(stage, n, parts)
+                assert run_bench(config, _Synthetic(table, runs), workdir=tmp_path / str(shard), shard=shard) == []
+                measured[stage, parts, n] = set(runs)
+                merged[parts].merge(table)
+        parts = [measured[stage, count, n] for n in range(count)]
+        # the stage measures in shards what it measures whole, each shard its own part
+        assert measured[stage, 1, 0] == set().union(*parts) and sum(map(len, parts)) == len(measured[stage, 1, 0])
+        if stage != "folds":  # a subgraph held out by two folds may be measured in both
+            keys = [{key for key, _ in part} for part in parts]
+            assert all(keys) and sum(map(len, keys)) == len(set().union(*keys))
+    assert merged[count].results == whole.table.results and merged[count].eager == whole.table.eager
+    assert set().union(*measured.values()) == set(whole_runs)
+
+    replay = Measurer(merged[count])
+    again = run_bench(config, replay, workdir=tmp_path / "replay")
+    assert replay.evaluations == 0
+    assert [asdict(o) for o in again] == [asdict(o) for o in outcomes]
+    assert {o.optimum_search for o in again} == ({"exhaustive", "evolutionary"} if count == 3 else {"evolutionary"})
+
+
+def test_a_later_stage_alone_measures_what_the_earlier_stages_lack() -> None:
+    runs: list[tuple[str, str]] = []
+    alone = _Synthetic(MeasurementTable(DEVICE, "synthetic"), runs)
+    run_bench(replace(SHARDED, optimum="recorded"), alone, shard=Shard("cross", 0, 1))
+    whole = _Synthetic(MeasurementTable(DEVICE, "synthetic"), [])
+    run_bench(replace(SHARDED, optimum="recorded", encoders=("static",)), whole)
+    assert set(alone.table.results) == set(whole.table.results)  # every subgraph tuned, then cross-applied
+    assert all(alone.table.results[k].items() <= whole.table.results[k].items() for k in alone.table.results)
+
+
+def test_model_files_name_their_family_and_load_as_ir_json(tmp_path: Path) -> None:
+    graph = load_graph("lm_head-h64-v256-t32")
+    path = tmp_path / "lm_head-h64-v256-t32.json"
+    path.write_text(graph.to_json())
+    assert family_of(str(path)) == family_of("zoo:lm_head-h64-v256-t32") == "lm_head"
+    assert family_of("models/t5_block-h768-s256-b8.onnx") == "t5_block"
+    hashes = [s.structural_hash for s in partition(graph)]
+    assert [s.structural_hash for s in partition(load_graph(str(path)))] == hashes
