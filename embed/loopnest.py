@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any, TypeVar
 
 from embed.ir import DType
 
@@ -499,6 +500,9 @@ class Buffer:
         return f"{self.kind.value} {self.name}: {self.dtype.value}{list(self.shape)}"
 
 
+_T = TypeVar("_T")
+
+
 @dataclass(frozen=True)
 class LoopProgram:
     """Buffers and the nests that compute the outputs from the inputs, in execution order."""
@@ -508,6 +512,15 @@ class LoopProgram:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     name: str = field(default="")
+    #: What planners derive from this program alone, kept with it (the program never changes); see ``memoized``.
+    memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def memoized(self, key: Any, compute: Callable[[], _T]) -> _T:
+        """``compute()``, run once per ``key`` for this program: ``key`` must name everything the value depends on
+        besides the program."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def __str__(self) -> str:
         head = [f"program {self.name}".rstrip()] + [f"  {b}" for b in self.buffers.values()]

@@ -113,6 +113,10 @@ def plan_groups(program: LoopProgram, mode: str) -> tuple[Group, ...]:
     ``outer`` fuses at depth 1 where legal, ``all`` at the deepest legal depth."""
     if mode not in FUSE_MODES:
         raise ScheduleError(f"unknown fuse mode {mode!r}; choose one of: {', '.join(FUSE_MODES)}")
+    return program.memoized(("plan_groups", mode), lambda: _plan_groups(program, mode))
+
+
+def _plan_groups(program: LoopProgram, mode: str) -> tuple[Group, ...]:
     nests = program.nests
     writers: dict[str, list[int]] = {}
     for i, n in enumerate(nests):

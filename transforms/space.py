@@ -109,7 +109,7 @@ class RecipeSpace:
 
 def _applicable(program: LoopProgram, backend: str) -> dict[str, list[list[Step]]]:
     """Transformation name -> its choice groups, for those that apply; only the exclusive ones if any applies."""
-    groups = {name: lookup(name).choices(program, backend) for name in transformations.names()}
+    groups = {name: lookup(name).offered(program, backend) for name in transformations.names()}
     groups = {name: choices for name, choices in groups.items() if choices}
     exclusive = {name: choices for name, choices in groups.items() if lookup(name).exclusive}
     return exclusive or groups

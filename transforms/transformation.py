@@ -34,6 +34,10 @@ class Transformation(ABC):
     def choices(self, program: LoopProgram, backend: str) -> list[list[Step]]:
         """Groups of alternative steps legal for ``program`` on ``backend``; [] when it does not apply."""
 
+    def offered(self, program: LoopProgram, backend: str) -> list[list[Step]]:
+        """``choices``, computed once per program and backend (callers must not change the lists)."""
+        return program.memoized(("choices", self.name, backend), lambda: self.choices(program, backend))
+
     @abstractmethod
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
         """``schedule`` with this step's knobs set; ScheduleError for malformed parameters."""
@@ -50,7 +54,7 @@ class Transformation(ABC):
 
     def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
         """The legal step closest to ``step`` (itself when legal), or None when nothing fits."""
-        groups = self.choices(program, backend)
+        groups = self.offered(program, backend)
         if _has_role(step) and len(groups) > 1:  # tile(p1, ...): only the choices for the same role
             groups = [g for g in groups if g[0].args[:1] == step.args[:1]]
         pool = [s for g in groups for s in g]

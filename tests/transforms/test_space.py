@@ -100,3 +100,15 @@ def test_variants_over_the_knobs_a_recipe_does_not_set() -> None:
                     if a != b) for v in both]
     assert sorted(map(str, changed[:2])) == ["cache_hint(stream)", "persist(2)"]  # each knob's first other value
     assert [str(s) for s in changed[2:]] == ["persist(4)", "persist(8)"]
+
+
+def test_one_program_keeps_a_space_per_backend() -> None:
+    # choices are kept with the program (LoopProgram.memoized): asking for one backend's first must not give the
+    # other backend its space, in either order
+    for first, second in (("cpu", "cuda"), ("cuda", "cpu")):
+        program = _layer_norm()
+        spaces = {b: RecipeSpace(program, b).size() for b in (first, second)}
+        assert spaces == {b: RecipeSpace(_layer_norm(), b).size() for b in (first, second)}
+        assert spaces["cpu"] != spaces["cuda"]
+        kept = {b: str(adapt(parse("threads(128)"), program, b)[0]) for b in (first, second)}
+        assert kept == {"cpu": "", "cuda": "threads(128)"}  # a cuda row kernel's step, dropped on the cpu

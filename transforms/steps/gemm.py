@@ -40,7 +40,7 @@ class Gemm(Transformation):
         (tests/service/data/transfer_cpu_replay.json) has no measurement of; it joins when that recording is re-made."""
         if backend == "cpu":
             return []
-        return [s for g in self.choices(program, backend) for s in g if s.args[0] in VENDOR_PATHS]
+        return [s for g in self.offered(program, backend) for s in g if s.args[0] in VENDOR_PATHS]
 
     def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
         if backend == "cpu":

@@ -39,7 +39,7 @@ class Reduce(Transformation):
     def nearest(self, step: Step, program: LoopProgram, backend: str) -> Step | None:
         """As ``Transformation.nearest``, but a ``split`` step where no split is offered becomes ``block`` (a row
         per block is the closest strategy to a row over several), not the ``lanes`` step nearest by its number."""
-        offered = [s for g in self.choices(program, backend) for s in g]
+        offered = [s for g in self.offered(program, backend) for s in g]
         if step.args[:1] == ("split",) and not any(s.args[:1] == ("split",) for s in offered):
             step = Step("reduce", ("block",))
         return super().nearest(step, program, backend)
