@@ -148,7 +148,8 @@ def differences(outcomes: Sequence[HeldOut], config: BenchConfig) -> list[Differ
             for k in config.ks:
                 if k in config.random_k:
                     add(_transfer(outcomes, transfer_key(encoder, fill, config), k),
-                        ([o.optimum_s / o.random[k] for o in outcomes], float(k + 1)),
+                        ([o.optimum_s / o.random[k] for o in outcomes],
+                         float(np.mean([k + 1 + o.library for o in outcomes]))),
                         (_label(encoder, fill), f"random {k}"), k)
     for better, worse in (("model", "random"), ("random", "none")):
         if better in fills and worse in fills:
@@ -168,7 +169,8 @@ def table(outcomes: Sequence[HeldOut], config: BenchConfig) -> list[Row]:
              [o.searched for o in outcomes]),
     ]
     for k in config.random_k:
-        rows.append(_row("random", "-", k, outcomes, [o.random[k] for o in outcomes], [k + 1] * len(outcomes)))
+        rows.append(_row("random", "-", k, outcomes, [o.random[k] for o in outcomes],
+                         [k + 1 + o.library for o in outcomes]))
     for fill in config.fill_modes:
         for name in config.encoders:
             key = transfer_key(name, fill, config)

@@ -22,12 +22,16 @@ recipes the run measures anyway: the random baseline's picks and, when ``strateg
 search.
 
 The optimum of a subgraph is the fastest time measured on it by anything in the run (a replay: anything the
-recording holds). With ``optimum="strong"`` each held-out subgraph's space is also searched after the folds:
-exhaustively where it has fewer than ``exhaustive_below`` recipes, else by an evolutionary search of
-``strong_budget`` new recipes seeded with every recipe a transfer could take from the other subgraphs (the cross
+recording holds). With ``optimum="strong"`` each held-out subgraph's space is also searched: exhaustively where it
+has fewer than ``exhaustive_below`` recipes, else by an evolutionary search of ``strong_budget`` new recipes (a
+generation of 16 per batch) seeded with every recipe a transfer could take from the other subgraphs (the cross
 table), its own search, the random picks and the vendor-ranked recipes. It runs before the folds and depends on none
 of them, so one recording holds it for every split, encoder and fill. All numbers go through one ``Measurer``, so a
 run can be recorded, resumed and replayed exactly; the strong optimum is paid once per device.
+
+The measurements come in :data:`STAGES`, each depending only on the ones before, so a run can be measured in shards
+(``Shard``: one process per GPU, ``tunebank bench transfer --devices N``), stage by stage, and the merged table
+replays the whole run.
 """
 
 import functools
@@ -112,6 +116,7 @@ class BenchConfig:
     optimum: str = "recorded"  # "strong": exhaustive below exhaustive_below recipes, else evolutionary search
     exhaustive_below: int = 2000
     strong_budget: int = 256
+    library: bool = False  # the vendor libraries' implementations (cuDNN's for a convolution) join every method's picks
 
     def __post_init__(self) -> None:
         if len(self.models) < 2:
@@ -173,6 +178,7 @@ class HeldOut:
     recorded: int = 0  # distinct recipes measured on it in the whole run or recording (space_size: all of them)
     optimum_search: str = "recorded"  # "exhaustive" or "evolutionary" where the strong optimum searched it
     strong_searched: int = 0  # recipes the strong optimum's search proposed (those not measured before ran)
+    library: int = 0  # vendor-library candidates measured beside each method's picks (config.library)
 
 
 @dataclass(frozen=True)
@@ -398,7 +404,7 @@ class TransferBench:
             for k in c.ks:
                 result = transfer_from(self.tasks[key], key, near(k=k), measurer=self.measurer, backend=self.backend,
                                        wanted=k * c.per_neighbour, local_budget=c.local_budget, seed=c.seed,
-                                       fill=fill != "none", rank=rank, pool=pool)
+                                       fill=fill != "none", rank=rank, pool=pool, library=c.library)
                 per_k[k] = _summary(result)
             outcome.transfer[transfer_key(encoder, fill, c)] = per_k
 
@@ -454,9 +460,10 @@ class TransferBench:
         task = self.tasks[key]
         base = baseline(task, key, self.measurer, self.backend)
         own = dict(self.own[key])
-        return HeldOut(fold, key, task.kind, task.name, RecipeSpace(task.program, self.backend).size(), exact,
-                       base.default_s, base.eager_s, search_s=min((m.score for m in own.values()), default=math.inf),
-                       searched=len(own), fold=fold)
+        space = RecipeSpace(task.program, self.backend)
+        return HeldOut(fold, key, task.kind, task.name, space.size(), exact, base.default_s, base.eager_s,
+                       search_s=min((m.score for m in own.values()), default=math.inf), searched=len(own), fold=fold,
+                       library=len(self._libraries(space)))
 
     def _query_features(self, key: str, profiled: bool) -> FeatureSet:
         subgraph, task = self.subgraphs[key], self.tasks[key]
@@ -467,12 +474,18 @@ class TransferBench:
         return FeatureSet(static, profile_vector(task, subgraph, base, self.measurer.table.device))
 
     def _random_k(self, key: str) -> dict[int, float]:
-        """Best of the default recipe and the first k of ``max(random_k)`` uniform random recipes, per k."""
+        """Best of the default recipe (and, with ``library``, the vendor libraries' implementations) and the first k
+        of ``max(random_k)`` uniform random recipes, per k."""
         task, ks = self.tasks[key], self.config.random_k
-        picks = random_recipes(RecipeSpace(task.program, self.backend), max(ks), seed=self.config.seed)
-        default = default_recipe(task.program, self.backend)
-        scores = [r.score for r in self.measurer.measure(task, key, [default, *picks])]
-        return {k: min(scores[: k + 1]) for k in ks}
+        space = RecipeSpace(task.program, self.backend)
+        picks = random_recipes(space, max(ks), seed=self.config.seed)
+        given = [default_recipe(task.program, self.backend), *self._libraries(space)]
+        scores = [r.score for r in self.measurer.measure(task, key, [*given, *picks])]
+        return {k: min(scores[: k + len(given)]) for k in ks}
+
+    def _libraries(self, space: RecipeSpace) -> list[Recipe]:
+        """The vendor libraries' implementations every method is given with ``library`` (as optimize has them)."""
+        return [r for r in space.alternatives if r != space.default] if self.config.library else []
 
 
 def _first(items: Sequence[Neighbour], k: int) -> Sequence[Neighbour]:

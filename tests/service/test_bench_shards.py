@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from embed.partition import partition
+from service.bench_report import table
 from service.bench_transfer import STAGES, BenchConfig, Shard, family_of, load_graph, run_bench
 from service.measure import MeasurementTable, Measurer
 from tests.service.conftest import DEVICE
@@ -106,3 +107,23 @@ def test_model_files_name_their_family_and_load_as_ir_json(tmp_path: Path) -> No
     assert family_of("models/t5_block-h768-s256-b8.onnx") == "t5_block"
     hashes = [s.structural_hash for s in partition(graph)]
     assert [s.structural_hash for s in partition(load_graph(str(path)))] == hashes
+
+
+def test_with_library_every_method_is_given_the_vendor_convolutions(tmp_path: Path) -> None:
+    # the cuda space (computed on the host; the times are synthetic): a convolution's library alternatives are cuDNN's
+    config = BenchConfig(models=("resnet_basic-c8-i8-b1", "resnet_stem-i32-b1", "lm_head-h64-v256-t32"),
+                         backend="cuda", budget=2, ks=(1, 2), encoders=("static",), library=True)
+    measurer = _Synthetic(MeasurementTable(DEVICE, "synthetic"), [])
+    outcomes = run_bench(config, measurer, workdir=tmp_path)
+    convolutions = [o for o in outcomes if o.library]
+    assert {o.kind for o in convolutions} == {"convolution"} and all(o.library >= 3 for o in convolutions)
+    for o in outcomes:
+        results = measurer.table.results[o.key]
+        libraries = [r for r in results if r.startswith("conv(")]
+        assert len(libraries) == o.library
+        fastest_library = min((results[r] for r in libraries), default=float("inf"))
+        for k in config.ks:  # no method does worse than the libraries it was given
+            assert o.random[k] <= fastest_library and o.transfer["static"][k]["s"] <= fastest_library
+            assert o.transfer["static"][k]["evaluations"] <= 1 + o.library + k
+    rows = {(r.method, r.k): r for r in table(outcomes, config)}
+    assert rows["random", 2].evaluations == pytest.approx(3 + sum(o.library for o in outcomes) / len(outcomes))

@@ -127,6 +127,8 @@ def transfer_command(
                                                               "--optimum strong")] = 2000,
     strong_budget: Annotated[int, typer.Option(min=1, help="new recipes of the strong optimum's evolutionary "
                                                            "search on a larger space")] = 256,
+    library: Annotated[bool, typer.Option(help="give every method the vendor libraries' implementations (cuDNN's "
+                                               "for a convolution) beside its picks, as optimize does")] = False,
     strategy: Annotated[str, typer.Option(help="search for the optimum: exhaustive | random | evolutionary")] = (
         "evolutionary"),
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per kernel (median)")] = 10,
@@ -163,7 +165,8 @@ def transfer_command(
                              encoders=_csv(encoders), held_out=_csv(held_out) or None, strategy=strategy,
                              local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed,
                              encoder_seed=encoder_seed, split=split, fills=_csv(fills) or None, fill_pool=fill_pool,
-                             optimum=optimum, exhaustive_below=exhaustive_below, strong_budget=strong_budget)
+                             optimum=optimum, exhaustive_below=exhaustive_below, strong_budget=strong_budget,
+                             library=library)
     except (ValueError, UnknownNameError) as e:
         fail(str(e))
     if cpu_threads:
