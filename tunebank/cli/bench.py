@@ -2,7 +2,8 @@
 and JSON.
 
 A long live run can save its measurements as it goes (``--checkpoint``), stop before a time limit
-(``--stop-after``) and be continued by another process (``--resume``), which measures only what is missing.
+(``--stop-after``) and be continued by another process (``--resume``), which measures only what is missing; with
+``--devices N`` it measures on N GPUs at once (``tunebank.cli.bench_devices``).
 """
 
 import json
