@@ -18,6 +18,10 @@ class Mutant:
 CHECK = ("tests/transforms/test_check.py", "tests/transforms/test_worker.py")
 W = "transforms/worker.py"
 
+SHARDS = ("tests/service/test_bench_shards.py",)
+BT = "service/bench_transfer.py"
+DEVICES = ("tests/tunebank/test_cli_bench_devices.py",)
+
 MUTANTS: list[Mutant] = [
     # the correctness check
     Mutant("check-absolute-floor", "floor max(1e-3 * largest, 1.0): small outputs judged absolutely", W,
@@ -240,4 +244,30 @@ MUTANTS += [
     Mutant("cuda-rows-chunk-max", "a chunk's max skips its last value", ROWS,
            "            for x in xs[1:]:\n                chunk_max",
            "            for x in xs[1:-1]:\n                chunk_max", CUDA_ROWS),
+    # a transfer benchmark measured in shards, stage by stage (bench transfer --devices)
+    Mutant("shard-takes-everything", "every shard measures every subgraph of its stage", BT,
+           "        return [item for i, item in enumerate(items) if i in mine]", "        return list(items)", SHARDS),
+    Mutant("shard-cross-early", "the cross table is measured with each subgraph's own search, before every best "
+           "is known", BT, "            self._tune(key)\n            if key in held:",
+           "            self._tune(key)\n            self._cross(key)\n            if key in held:", SHARDS),
+    Mutant("devices-no-merge", "the shards' tables are not merged: the command's own run measures it all again",
+           "tunebank/cli/bench_devices.py",
+           "                table.merge(MeasurementTable.from_json(done[\"measurements\"]))", "                pass",
+           DEVICES),
+    Mutant("bench-library-not-given", "--library does not reach the transfers", BT,
+           "fill=fill != \"none\", rank=rank, pool=pool, library=c.library)",
+           "fill=fill != \"none\", rank=rank, pool=pool)", SHARDS),
+    Mutant("bench-library-random-evaluations", "the random row does not count its library candidates",
+           "service/bench_report.py", "                         [k + 1 + o.library for o in outcomes]))",
+           "                         [k + 1 for o in outcomes]))", SHARDS),
+    Mutant("bench-library-paired-evaluations", "the paired difference with random does not count them",
+           "service/bench_report.py", "float(np.mean([k + 1 + o.library for o in outcomes]))",
+           "float(k + 1)", SHARDS),
+    # what is kept with a program
+    Mutant("memo-choices-any-backend", "a program's choices are kept for whichever backend asked first",
+           "transforms/transformation.py", 'program.memoized(("choices", self.name, backend),',
+           'program.memoized(("choices", self.name),', ("tests/transforms/test_space.py",)),
+    Mutant("memo-groups-any-mode", "a program's fuse groups are kept for whichever mode asked first",
+           "transforms/schedule.py", 'program.memoized(("plan_groups", mode),', 'program.memoized(("plan_groups",),',
+           ("tests/transforms/test_schedule.py",)),
 ]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from embed.partition import partition
-from service.bench_report import table
+from service.bench_report import differences, table
 from service.bench_transfer import STAGES, BenchConfig, Shard, family_of, load_graph, run_bench
 from service.measure import MeasurementTable, Measurer
 from tests.service.conftest import DEVICE
@@ -125,5 +125,8 @@ def test_with_library_every_method_is_given_the_vendor_convolutions(tmp_path: Pa
         for k in config.ks:  # no method does worse than the libraries it was given
             assert o.random[k] <= fastest_library and o.transfer["static"][k]["s"] <= fastest_library
             assert o.transfer["static"][k]["evaluations"] <= 1 + o.library + k
+    given = 3 + sum(o.library for o in outcomes) / len(outcomes)  # default, 2 picks and the libraries
     rows = {(r.method, r.k): r for r in table(outcomes, config)}
-    assert rows["random", 2].evaluations == pytest.approx(3 + sum(o.library for o in outcomes) / len(outcomes))
+    assert rows["random", 2].evaluations == pytest.approx(given)
+    (paired,) = [d for d in differences(outcomes, config) if d.b == "random 2"]
+    assert paired.evaluations_b == pytest.approx(given)
