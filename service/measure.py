@@ -135,6 +135,21 @@ class Measurer:
         return math.nan if value is None else value
 
 
+class ProvisionalReplay(Measurer):
+    """A replay of a partial recording that takes each measurement it lacks as a failed kernel (and an eager time it
+    lacks as unknown) instead of stopping. ``missing`` counts them: what a live run resuming the recording still has
+    to measure, exactly where no choice of what to measure depends on them (a run stopped in its last stage: see
+    ``service.bench_transfer.STAGES``). Its table then holds those failures: never save it as a recording."""
+
+    def __init__(self, table: MeasurementTable) -> None:
+        super().__init__(table, run=self._failed, eager_time=lambda task: math.nan)
+        self.missing = 0
+
+    def _failed(self, task: Task, recipes: list[Recipe]) -> list[RunResult]:
+        self.missing += len(recipes)
+        return [RunResult.failure("launch", "not in the recording (provisional replay)") for _ in recipes]
+
+
 Record = Callable[[Task, list[Recipe], list[RunResult]], None]
 
 

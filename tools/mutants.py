@@ -263,6 +263,10 @@ MUTANTS += [
     Mutant("bench-library-paired-evaluations", "the paired difference with random does not count them",
            "service/bench_report.py", "float(np.mean([k + 1 + o.library for o in outcomes]))",
            "float(k + 1)", SHARDS),
+    Mutant("provisional-miscount", "the provisional replay counts one failed kernel too many per batch",
+           "service/measure.py", "self.missing += len(recipes)", "self.missing += len(recipes) + 1", SHARDS),
+    Mutant("provisional-writes-json", "the provisional report's made-up failures are written as a recording",
+           "tunebank/cli/bench.py", "    if not provisional:\n", "    if True:\n", DEVICES),
     # what is kept with a program
     Mutant("memo-choices-any-backend", "a program's choices are kept for whichever backend asked first",
            "transforms/transformation.py", 'program.memoized(("choices", self.name, backend),',

@@ -10,7 +10,7 @@ import pytest
 from embed.partition import partition
 from service.bench_report import differences, table
 from service.bench_transfer import STAGES, BenchConfig, Shard, family_of, load_graph, run_bench
-from service.measure import MeasurementTable, Measurer
+from service.measure import MeasurementTable, Measurer, ProvisionalReplay
 from tests.service.conftest import DEVICE
 from transforms.results import RunResult
 
@@ -130,3 +130,23 @@ def test_with_library_every_method_is_given_the_vendor_convolutions(tmp_path: Pa
     assert rows["random", 2].evaluations == pytest.approx(given)
     (paired,) = [d for d in differences(outcomes, config) if d.b == "random 2"]
     assert paired.evaluations_b == pytest.approx(given)
+
+
+def test_a_provisional_replay_counts_what_a_resume_measures_and_bounds_its_transfers(tmp_path: Path) -> None:
+    config = replace(SHARDED, strategy="random", fills=("random", "model"))
+    table = MeasurementTable(DEVICE, "synthetic")
+    run_bench(config, _Synthetic(table, []), shard=Shard("cross", 0, 1))  # stopped before the folds' transfers
+    provisional = ProvisionalReplay(MeasurementTable.from_json(json.loads(json.dumps(table.to_json()))))
+    guessed = run_bench(config, provisional, workdir=tmp_path / "provisional")
+    runs: list[tuple[str, str]] = []
+    resumed = run_bench(config, _Synthetic(table, runs), workdir=tmp_path / "resumed")
+    assert provisional.missing == len(runs) > 0  # every kernel the resume measured, each counted once
+    lower = 0
+    for g, r in zip(guessed, resumed, strict=True):
+        assert g.random == r.random  # complete before the folds
+        assert g.optimum_s >= r.optimum_s  # a transfer the provisional replay lacks may beat the strong optimum
+        for key, per_k in r.transfer.items():
+            for k, outcome in per_k.items():  # a missing candidate taken as failed can only make a transfer slower
+                assert g.transfer[key][k]["s"] >= outcome["s"]
+                lower += g.transfer[key][k]["s"] > outcome["s"]
+    assert lower

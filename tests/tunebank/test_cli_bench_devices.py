@@ -26,6 +26,12 @@ def test_two_processes_measure_each_kernel_once_and_the_report_replays(tmp_path:
     assert stopped.exit_code == 3, stopped.output
     assert f"continue with --resume {checkpoint}" in stopped.output
     assert json.loads(checkpoint.read_text())["runs"][0]["kernels"] == 0
+    guessed = CliRunner().invoke(app, [*TINY, "--replay", str(checkpoint), "--missing-as-failed", "--out",
+                                       str(tmp_path / "g")])
+    assert guessed.exit_code == 0, guessed.output
+    assert (tmp_path / "g.md").read_text().startswith("**Provisional**: the ") and not (tmp_path / "g.json").exists()
+    alone = CliRunner().invoke(app, [*TINY, "--missing-as-failed"])
+    assert alone.exit_code == 2 and "--missing-as-failed is for --replay" in alone.output
 
     resumed = CliRunner().invoke(app, [*run, "--resume", str(checkpoint)])
     assert resumed.exit_code == 0, resumed.output

@@ -28,7 +28,14 @@ from embed.registry import UnknownNameError
 from service.bench_report import report_json, report_markdown
 from service.bench_transfer import BenchConfig, run_bench
 from service.devices import toolchain
-from service.measure import Checkpoint, MeasurementTable, Measurer, MissingMeasurementError, RunStopped
+from service.measure import (
+    Checkpoint,
+    MeasurementTable,
+    Measurer,
+    MissingMeasurementError,
+    ProvisionalReplay,
+    RunStopped,
+)
 from tunebank.cli.bench_devices import STOPPED, live_measurer, measure_on_devices, write_json
 from tunebank.cli.errors import fail
 from tunebank.settings import Settings
@@ -142,6 +149,9 @@ def transfer_command(
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="seconds each candidate may take to validate "
                                                                      "and time before its worker is killed")] = 30.0,
     replay: Annotated[Path | None, typer.Option(help="replay the measurements of an earlier JSON report")] = None,
+    missing_as_failed: Annotated[bool, typer.Option(help="with --replay of a partial recording: take what it lacks "
+                                                         "as failed kernels and count them (a provisional report, "
+                                                         "markdown only)")] = False,
     resume: Annotated[Path | None, typer.Option(help="continue from a checkpoint (or report): measure only what "
                                                      "it lacks")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="save the measurements here as the run goes")] = None,
@@ -158,6 +168,8 @@ def transfer_command(
         fail("--replay measures nothing: it takes no --resume, --checkpoint or --stop-after")
     if replay is not None and devices > 1:
         fail("--replay measures nothing: it takes no --devices")
+    if missing_as_failed and replay is None:
+        fail("--missing-as-failed is for --replay")
     if stop_after and checkpoint is None:
         fail("--stop-after needs --checkpoint (where the measurements are kept to resume from)")
     try:
@@ -178,7 +190,9 @@ def transfer_command(
     with Worker() as worker:
         if replay is not None:
             recording = _recording(replay)
-            measurer, runs = Measurer(MeasurementTable.from_json(recording["measurements"])), recording.get("runs", [])
+            table = MeasurementTable.from_json(recording["measurements"])
+            measurer = ProvisionalReplay(table) if missing_as_failed else Measurer(table)
+            runs = recording.get("runs", [])
         else:
             table, runs = _live_table(backend, resume)
             run = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -216,7 +230,14 @@ def transfer_command(
         if replay is None:
             save(measurer.table)
     out.parent.mkdir(parents=True, exist_ok=True)
+    provisional = isinstance(measurer, ProvisionalReplay)
+    if provisional:
+        missing, measurer.evaluations = measurer.missing, 0
     markdown = report_markdown(outcomes, config, measurer, runs)
+    if provisional:  # its table holds made-up failures: no JSON, which would replay as a recording
+        markdown = (f"**Provisional**: the {missing} measurements {replay} lacks were taken as failed kernels (a run "
+                    f"resuming it measures them).\n\n{markdown}")
     out.with_suffix(".md").write_text(markdown)
-    out.with_suffix(".json").write_text(json.dumps(report_json(outcomes, config, measurer, runs), indent=1))
+    if not provisional:
+        out.with_suffix(".json").write_text(json.dumps(report_json(outcomes, config, measurer, runs), indent=1))
     typer.echo(markdown)
