@@ -139,15 +139,31 @@ class ProvisionalReplay(Measurer):
     """A replay of a partial recording that takes each measurement it lacks as a failed kernel (and an eager time it
     lacks as unknown) instead of stopping. ``missing`` counts them: what a live run resuming the recording still has
     to measure, exactly where no choice of what to measure depends on them (a run stopped in its last stage: see
-    ``service.bench_transfer.STAGES``). Its table then holds those failures: never save it as a recording."""
+    ``service.bench_transfer.STAGES``). ``forget()`` takes the made-up failures out of the table again."""
 
     def __init__(self, table: MeasurementTable) -> None:
         super().__init__(table, run=self._failed, eager_time=lambda task: math.nan)
-        self.missing = 0
+        self.made_up: list[tuple[str, str]] = []
+        self._key = ""
+
+    @property
+    def missing(self) -> int:
+        return len(self.made_up)
+
+    def measure(self, task: Task, key: str, recipes: Sequence[Recipe]) -> list[RunResult]:
+        self._key = key
+        return super().measure(task, key, recipes)
 
     def _failed(self, task: Task, recipes: list[Recipe]) -> list[RunResult]:
-        self.missing += len(recipes)
+        self.made_up += [(self._key, str(r)) for r in recipes]
+        self.evaluations -= len(recipes)  # no kernel runs: ``measure`` counts these as evaluations
         return [RunResult.failure("launch", "not in the recording (provisional replay)") for _ in recipes]
+
+    def forget(self) -> None:
+        """Remove the made-up failures (and unknown eager times) from the table, e.g. before reporting its size."""
+        for key, recipe in self.made_up:
+            self.table.results[key].pop(recipe, None)
+        self.table.eager = {key: value for key, value in self.table.eager.items() if value is not None}
 
 
 Record = Callable[[Task, list[Recipe], list[RunResult]], None]

@@ -136,11 +136,15 @@ def test_a_provisional_replay_counts_what_a_resume_measures_and_bounds_its_trans
     config = replace(SHARDED, strategy="random", fills=("random", "model"))
     table = MeasurementTable(DEVICE, "synthetic")
     run_bench(config, _Synthetic(table, []), shard=Shard("cross", 0, 1))  # stopped before the folds' transfers
-    provisional = ProvisionalReplay(MeasurementTable.from_json(json.loads(json.dumps(table.to_json()))))
+    recorded = json.loads(json.dumps(table.to_json()))
+    provisional = ProvisionalReplay(MeasurementTable.from_json(json.loads(json.dumps(recorded))))
     guessed = run_bench(config, provisional, workdir=tmp_path / "provisional")
     runs: list[tuple[str, str]] = []
     resumed = run_bench(config, _Synthetic(table, runs), workdir=tmp_path / "resumed")
     assert provisional.missing == len(runs) > 0  # every kernel the resume measured, each counted once
+    assert provisional.evaluations == 0  # none of them ran
+    provisional.forget()  # the recording's own measurements again
+    assert json.loads(json.dumps(provisional.table.to_json())) == recorded
     lower = 0
     for g, r in zip(guessed, resumed, strict=True):
         assert g.random == r.random  # complete before the folds

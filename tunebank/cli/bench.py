@@ -232,11 +232,11 @@ def transfer_command(
     out.parent.mkdir(parents=True, exist_ok=True)
     provisional = isinstance(measurer, ProvisionalReplay)
     if provisional:
-        missing, measurer.evaluations = measurer.missing, 0
+        measurer.forget()  # the report counts the recording's own measurements
     markdown = report_markdown(outcomes, config, measurer, runs)
     if provisional:  # its table holds made-up failures: no JSON, which would replay as a recording
-        markdown = (f"**Provisional**: the {missing} measurements {replay} lacks were taken as failed kernels (a run "
-                    f"resuming it measures them).\n\n{markdown}")
+        markdown = (f"**Provisional**: the {measurer.missing} measurements {replay} lacks were taken as failed "
+                    f"kernels (a run resuming it measures them).\n\n{markdown}")
     out.with_suffix(".md").write_text(markdown)
     if not provisional:
         out.with_suffix(".json").write_text(json.dumps(report_json(outcomes, config, measurer, runs), indent=1))
