@@ -139,11 +139,13 @@ class ProvisionalReplay(Measurer):
     """A replay of a partial recording that takes each measurement it lacks as a failed kernel (and an eager time it
     lacks as unknown) instead of stopping. ``missing`` counts them: what a live run resuming the recording still has
     to measure, exactly where no choice of what to measure depends on them (a run stopped in its last stage: see
-    ``service.bench_transfer.STAGES``). ``forget()`` takes the made-up failures out of the table again."""
+    ``service.bench_transfer.STAGES``). ``forget()`` takes the made-up failures (and unknown eager times) out of the
+    table again."""
 
     def __init__(self, table: MeasurementTable) -> None:
         super().__init__(table, run=self._failed, eager_time=lambda task: math.nan)
         self.made_up: list[tuple[str, str]] = []
+        self.unknown_eager: list[str] = []
         self._key = ""
 
     @property
@@ -154,6 +156,11 @@ class ProvisionalReplay(Measurer):
         self._key = key
         return super().measure(task, key, recipes)
 
+    def eager(self, task: Task, key: str) -> float:
+        if key not in self.table.eager:
+            self.unknown_eager.append(key)
+        return super().eager(task, key)
+
     def _failed(self, task: Task, recipes: list[Recipe]) -> list[RunResult]:
         self.made_up += [(self._key, str(r)) for r in recipes]
         self.evaluations -= len(recipes)  # no kernel runs: ``measure`` counts these as evaluations
@@ -163,7 +170,8 @@ class ProvisionalReplay(Measurer):
         """Remove the made-up failures (and unknown eager times) from the table, e.g. before reporting its size."""
         for key, recipe in self.made_up:
             self.table.results[key].pop(recipe, None)
-        self.table.eager = {key: value for key, value in self.table.eager.items() if value is not None}
+        for key in self.unknown_eager:
+            self.table.eager.pop(key, None)
 
 
 Record = Callable[[Task, list[Recipe], list[RunResult]], None]

@@ -266,9 +266,10 @@ MUTANTS += [
     Mutant("provisional-miscount", "the provisional replay misses the first failed kernel of each batch",
            "service/measure.py", "self.made_up += [(self._key, str(r)) for r in recipes]",
            "self.made_up += [(self._key, str(r)) for r in recipes[1:]]", SHARDS),
-    Mutant("provisional-keeps-made-up", "forget() leaves the unknown eager times in the table", "service/measure.py",
-           "self.table.eager = {key: value for key, value in self.table.eager.items() if value is not None}",
-           "pass", SHARDS),
+    Mutant("provisional-keeps-made-up", "forget() leaves the made-up failures in the table", "service/measure.py",
+           "            self.table.results[key].pop(recipe, None)", "            pass", SHARDS),
+    Mutant("provisional-keeps-eager", "forget() leaves the unknown eager times in the table", "service/measure.py",
+           "            self.table.eager.pop(key, None)", "            pass", SHARDS),
     Mutant("provisional-writes-json", "the provisional report's made-up failures are written as a recording",
            "tunebank/cli/bench.py", "    if not provisional:\n", "    if True:\n", DEVICES),
     # what is kept with a program
