@@ -193,18 +193,7 @@ class Shard:
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or not 0 <= self.index < self.count:
-            raise ValueError(f"a shard is STAGE:I/N with STAGE one of {', '.join(STAGES)} and 0 <= I < N, "
-                             f"got {self}")
-
-    @classmethod
-    def parse(cls, text: str) -> "Shard":
-        """``STAGE:I/N``, e.g. ``subgraphs:0/4``."""
-        stage, _, part = text.partition(":")
-        index, _, count = part.partition("/")
-        try:
-            return cls(stage, int(index), int(count))
-        except ValueError as e:
-            raise ValueError(f"bad shard {text!r}: {e}") from None
+            raise ValueError(f"a shard needs a stage of {', '.join(STAGES)} and 0 <= index < count, got {self}")
 
     def part(self, items: Sequence[Any], cost: Callable[[Any], int]) -> list[Any]:
         """This shard's items, in their given order."""
@@ -479,7 +468,7 @@ class TransferBench:
         task, ks = self.tasks[key], self.config.random_k
         space = RecipeSpace(task.program, self.backend)
         picks = random_recipes(space, max(ks), seed=self.config.seed)
-        given = [default_recipe(task.program, self.backend), *self._libraries(space)]
+        given = [space.default, *self._libraries(space)]
         scores = [r.score for r in self.measurer.measure(task, key, [*given, *picks])]
         return {k: min(scores[: k + len(given)]) for k in ks}
 

@@ -178,12 +178,15 @@ Record = Callable[[Task, list[Recipe], list[RunResult]], None]
 
 
 def live_measurer(table: MeasurementTable, *, backend: str, cache_dir: Path, worker: Worker,
-                  repeats: int = 10, checkpoint: Checkpoint | None = None, record: Record | None = None) -> Measurer:
+                  repeats: int = 10, checkpoint: Checkpoint | None = None, record: Record | None = None,
+                  timeout_s: float = 30.0) -> Measurer:
     """A measurer that builds, validates and times kernels on ``backend`` (and eager PyTorch) when ``table``
-    lacks them; ``record`` is told each batch of results as soon as it is measured (e.g. to store it)."""
+    lacks them, each candidate bounded by ``timeout_s``; ``record`` is told each batch of results as soon as it is
+    measured (e.g. to store it)."""
 
     def run(task: Task, recipes: list[Recipe]) -> list[RunResult]:
-        results = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats)(recipes)
+        results = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
+                            timeout_s=timeout_s)(recipes)
         if record is not None:
             record(task, recipes, results)
         return results

@@ -4,6 +4,7 @@ cost model (deterministic, no kernels run) so database and transfer logic are te
 import hashlib
 
 import pytest
+import typer
 
 from embed import zoo
 from embed.partition import partition
@@ -35,3 +36,12 @@ def synthetic_measurer() -> Measurer:
 @pytest.fixture(scope="session")
 def tiny_subgraphs() -> list[Subgraph]:
     return [s for name in TINY_MODELS for s in partition(zoo.load(name)) if s.tunable]
+
+
+def transfer_cli() -> typer.Typer:
+    """``tunebank bench transfer`` alone, for ``CliRunner().invoke(transfer_cli(), [...])``."""
+    from tunebank.cli.bench import transfer_command
+
+    app = typer.Typer()
+    app.command()(transfer_command)
+    return app

@@ -46,10 +46,9 @@ def test_shards_deal_every_item_once_largest_first_to_the_lightest_part() -> Non
     # by hand: a(5)->0; b(4)->1; c(3)->1 (4 < 5): 7; d(3)->0: 8; e(1)->1 (7 < 8): 8
     parts = [Shard("cross", n, 2).part(list(costs), costs.__getitem__) for n in range(2)]
     assert parts == [["a", "d"], ["b", "c", "e"]]
-    assert Shard.parse("folds:1/4") == Shard("folds", 1, 4)
-    for bad in ("folds:4/4", "search:0/2", "folds:x/2"):
+    for bad in (("folds", 4, 4), ("search", 0, 2), ("folds", -1, 2)):
         with pytest.raises(ValueError, match="shard"):
-            Shard.parse(bad)
+            Shard(*bad)
 
 
 @pytest.mark.parametrize("config, count", [

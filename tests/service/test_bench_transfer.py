@@ -6,7 +6,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from embed.partition import partition
@@ -20,12 +19,11 @@ from service.measure import (
     RunStopped,
     live_measurer,
 )
-from tests.service.conftest import DEVICE, synthetic_seconds
+from tests.service.conftest import DEVICE, synthetic_seconds, transfer_cli
 from transforms.compilers.cpu import toolchain_id
 from transforms.results import RunResult
 from transforms.run import Worker
 from transforms.tune import make_task
-from tunebank.cli.bench import transfer_command
 
 DATA = Path(__file__).parent / "data"
 ENCODERS = ("static", "static+profiled", "learned")
@@ -117,8 +115,7 @@ def test_transfer_beats_default_and_random_picks_on_a_recorded_cpu_table() -> No
 
 
 def test_cli_replays_a_recording(tmp_path: Path) -> None:
-    app = typer.Typer()
-    app.command()(transfer_command)
+    app = transfer_cli()
     recording = json.loads((DATA / "transfer_cpu_replay.json").read_text())["config"]
     out = tmp_path / "r"
     result = CliRunner().invoke(app, [
@@ -141,8 +138,7 @@ def test_cli_replays_a_recording(tmp_path: Path) -> None:
 def test_cli_stops_at_its_time_limit_and_resumes_from_the_checkpoint(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNEBANK_DATA_DIR", str(tmp_path / "data"))
-    app = typer.Typer()
-    app.command()(transfer_command)
+    app = transfer_cli()
     checkpoint, out = tmp_path / "partial.json", tmp_path / "r"
     tiny = ["--models", "lm_head-h64-v256-t32,cnn_head-c32-i7-b1", "--budget", "2", "--k", "1", "--encoders", "static",
             "--repeats", "2", "--checkpoint", str(checkpoint), "--out", str(out)]

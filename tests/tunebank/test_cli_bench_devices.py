@@ -5,10 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from tunebank.cli.bench import transfer_command
+from tests.service.conftest import transfer_cli
 from tunebank.cli.bench_devices import device_environments
 
 TINY = ["--models", "lm_head-h64-v256-t32,cnn_head-c32-i7-b1,lm_head-h64-v128-t32", "--budget", "2", "--k", "1",
@@ -18,8 +17,7 @@ TINY = ["--models", "lm_head-h64-v256-t32,cnn_head-c32-i7-b1,lm_head-h64-v128-t3
 def test_two_processes_measure_each_kernel_once_and_the_report_replays(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNEBANK_DATA_DIR", str(tmp_path / "data"))
-    app = typer.Typer()
-    app.command()(transfer_command)
+    app = transfer_cli()
     checkpoint, out = tmp_path / "partial.json", tmp_path / "r"
     run = [*TINY, "--devices", "2", "--checkpoint", str(checkpoint), "--out", str(out)]
     stopped = CliRunner().invoke(app, [*run, "--stop-after", "0.001"])

@@ -35,8 +35,9 @@ from service.measure import (
     MissingMeasurementError,
     ProvisionalReplay,
     RunStopped,
+    live_measurer,
 )
-from tunebank.cli.bench_devices import STOPPED, live_measurer, measure_on_devices, write_json
+from tunebank.cli.bench_devices import STOPPED, measure_on_devices, write_json
 from tunebank.cli.errors import fail
 from tunebank.settings import Settings
 

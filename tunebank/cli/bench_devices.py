@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from service.bench_transfer import STAGES, BenchConfig, Shard
-from service.measure import Checkpoint, MeasurementTable, Measurer, RunStopped
+from service.measure import MeasurementTable, RunStopped
 
 STOPPED = 3  # exit code of a shard (and of the command) stopped at its time limit, its measurements saved
 
@@ -31,19 +31,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(json.dumps(data, allow_nan=False))
     os.replace(partial, path)
-
-
-def live_measurer(table: MeasurementTable, *, backend: str, cache_dir: Path, worker: Any, repeats: int,
-                  checkpoint: Checkpoint, timeout_s: float) -> Measurer:
-    """``service.measure.live_measurer`` with each candidate bounded by ``timeout_s``."""
-    from transforms.tune import eager_seconds, evaluator
-
-    def run(task: Any, recipes: list[Any]) -> list[Any]:
-        return evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
-                         timeout_s=timeout_s)(recipes)
-
-    return Measurer(table, run=run, eager_time=lambda task: eager_seconds(task, repeats=repeats, backend=backend),
-                    checkpoint=checkpoint)
 
 
 def device_environments(backend: str, devices: int) -> list[dict[str, str]]:

@@ -14,9 +14,9 @@ from typing import Any
 from rich.console import Console
 
 from service.bench_transfer import BenchConfig, Shard, run_bench
-from service.measure import Checkpoint, MeasurementTable, RunStopped
+from service.measure import Checkpoint, MeasurementTable, RunStopped, live_measurer
 from transforms.run import Worker
-from tunebank.cli.bench_devices import STOPPED, live_measurer, write_json
+from tunebank.cli.bench_devices import STOPPED, write_json
 
 
 def measure_shard(job: dict[str, Any]) -> int:
