@@ -250,6 +250,10 @@ MUTANTS += [
     Mutant("shard-cross-early", "the cross table is measured with each subgraph's own search, before every best "
            "is known", BT, "            self._tune(key)\n            if key in held:",
            "            self._tune(key)\n            self._cross(key)\n            if key in held:", SHARDS),
+    Mutant("shard-skips-earlier-stages", "a later stage's shard does not replay (or measure) the earlier stages", BT,
+           "        for n, key in enumerate(keys, 1):\n            self.progress(f\"subgraphs",
+           "        for n, key in enumerate(keys if last == 0 or shard is None else [], 1):\n"
+           "            self.progress(f\"subgraphs", SHARDS),
     Mutant("devices-no-merge", "the shards' tables are not merged: the command's own run measures it all again",
            "tunebank/cli/bench_devices.py",
            "                table.merge(MeasurementTable.from_json(done[\"measurements\"]))", "                pass",

@@ -9,7 +9,7 @@ import pytest
 
 from embed.partition import partition
 from service.bench_report import differences, table
-from service.bench_transfer import STAGES, BenchConfig, Shard, family_of, load_graph, run_bench
+from service.bench_transfer import STAGES, BenchConfig, Shard, TransferBench, family_of, load_graph, run_bench
 from service.measure import MeasurementTable, Measurer, ProvisionalReplay
 from tests.service.conftest import DEVICE
 from transforms.results import RunResult
@@ -88,14 +88,17 @@ def test_a_run_measured_in_shards_replays_as_the_run_measured_whole(config: Benc
     assert {o.optimum_search for o in again} == ({"exhaustive", "evolutionary"} if count == 3 else {"evolutionary"})
 
 
-def test_a_later_stage_alone_measures_what_the_earlier_stages_lack() -> None:
-    runs: list[tuple[str, str]] = []
-    alone = _Synthetic(MeasurementTable(DEVICE, "synthetic"), runs)
-    run_bench(replace(SHARDED, optimum="recorded"), alone, shard=Shard("cross", 0, 1))
-    whole = _Synthetic(MeasurementTable(DEVICE, "synthetic"), [])
-    run_bench(replace(SHARDED, optimum="recorded", encoders=("static",)), whole)
-    assert set(alone.table.results) == set(whole.table.results)  # every subgraph tuned, then cross-applied
-    assert all(alone.table.results[k].items() <= whole.table.results[k].items() for k in alone.table.results)
+def test_a_later_stage_alone_measures_what_the_earlier_stages_lack(tmp_path: Path) -> None:
+    config = replace(SHARDED, optimum="recorded")
+    alone = _Synthetic(MeasurementTable(DEVICE, "synthetic"), [])
+    run_bench(config, alone, shard=Shard("cross", 0, 1))
+    whole = TransferBench(config, _Synthetic(MeasurementTable(DEVICE, "synthetic"), []), workdir=tmp_path)
+    whole.run()
+    assert set(alone.table.results) == set(whole.tasks)
+    for key, results in alone.table.results.items():  # every subgraph's own search, then its cross table
+        wanted = {r for r, _ in whole.own[key]} | set(whole.cross[key].values())
+        assert len(whole.own[key]) == config.budget + 1 and wanted <= set(results)
+        assert all(results[r] == whole.measurer.table.results[key][r] for r in results)
 
 
 def test_model_files_name_their_family_and_load_as_ir_json(tmp_path: Path) -> None:
