@@ -4,15 +4,16 @@
 # packages, so they come as wheels in .whl (pip download --only-binary=:all: --python-version 3.12 --platform
 # manylinux2014_x86_64 --no-deps sqlalchemy alembic mako faiss-cpu pydantic pydantic-core pydantic-settings
 # python-dotenv safetensors annotated-types typing-inspection packaging), and the tunebank column's database comes as
-# out/h200.db (bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db, run in a checkout of 9061a44:
+# $DB (default out/h200.db; on an H100, out/h100.db: bench/db_from_recording.py bench/results/transfer_strong_h100.json
+# out/h100.db --models <its 12 zoo models>, see bench/README.md), e.g. out/h200.db (bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db, run in a checkout of 9061a44:
 # the recording predates e023981, whose cuda spaces give reshaped contractions gemm recipes it never measured, so a
 # replay at a later commit stops with "the recording has no measurement of 'gemm(cublaslt,0)'"): run with carry
-# [".whl", "bench/optimize_e2e_device.sh", "out/h200.db"].
+# [".whl", "bench/optimize_e2e_device.sh", "$DB"].
 set -u
 mkdir -p /tmp/py && for w in .whl/*.whl; do python -m zipfile -e "$w" /tmp/py; done
 export PYTHONPATH=/tmp/py:$PWD
-cp out/h200.db /tmp/h200.db
+cp "${DB:-out/h200.db}" /tmp/e2e.db
 MODELS=$(python -c "import sys; sys.path.insert(0,'.'); from bench.e2e_models import MODELS; print(','.join(MODELS))")
-TUNEBANK_E2E_DB=/tmp/h200.db python bench/optimize_e2e.py ${RESUME:+--resume $RESUME} --out "$OUT/$NAME" \
+TUNEBANK_E2E_DB=/tmp/e2e.db python bench/optimize_e2e.py ${RESUME:+--resume $RESUME} --out "$OUT/$NAME" \
   --columns "$COLUMNS" --deadline "${DEADLINE:-500}" --models "${ONLY:-$MODELS}" --commit "${COMMIT:-unknown}" 2>&1 \
   | grep -v "Warning\|warnings.warn\|capture_end" | tee "$OUT/$NAME.log" | tail -40
