@@ -156,8 +156,11 @@ def within_budget(repeats: int) -> Iterator[int]:
 class CpuBackend:
     """Calls each launch's ``entry(...)`` of a shared library through ctypes; times with perf_counter_ns."""
 
-    fatal_on_error = False
     xp = np
+
+    def usable(self) -> bool:
+        """Whether the worker can go on after a trial failed: a cpu kernel that could break the process kills it."""
+        return True
 
     def arrays(self, launches: Sequence[Launch], problem: LoadedProblem) -> dict[str, np.ndarray]:
         return host_arrays(launches, problem.inputs)
@@ -192,12 +195,22 @@ class CpuBackend:
 class CudaBackend:
     """Launches the kernels of a PTX module with CuPy; times by CUDA-graph replay over rotated buffer copies."""
 
-    fatal_on_error = True  # a CUDA error can leave the context unusable: restart the worker
-
     def __init__(self) -> None:
         import cupy
 
         self.cupy = self.xp = cupy
+
+    def usable(self) -> bool:
+        """Whether the CUDA context still works after a trial failed. A sticky error (an illegal address, a trap)
+        leaves it unusable, so the worker must restart; an invalid launch configuration or a vendor routine that
+        refuses its arguments does not, and the next trial can run in this process (a restart costs seconds of
+        imports and problem building)."""
+        cp = self.cupy
+        try:
+            cp.cuda.Device().synchronize()
+            return int((cp.arange(4, dtype=cp.int32) + 1).sum()) == 10
+        except Exception:
+            return False
 
     def arrays(self, launches: Sequence[Launch], problem: LoadedProblem) -> dict[str, Any]:
         """Device arrays for every buffer: each input a copy of the problem's device copy (uploaded once per
@@ -316,11 +329,12 @@ _BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBacken
 
 def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult, bool]:
     """Run one trial: (result, whether the worker must exit after it)."""
-    fatal = False
     try:
         launches = [Launch.from_json(data) for data in message["launches"]]
         backend = _BACKENDS[message["backend"]]()
-        fatal = backend.fatal_on_error
+    except Exception as e:  # a malformed message: nothing ran
+        return RunResult.failure("launch", f"{type(e).__name__}: {e}"), False
+    try:
         call, fetch = backend.bind(message["artifact"], launches, backend.arrays(launches, problem))
         call()
         outputs = fetch()
@@ -341,7 +355,7 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
                 return RunResult.failure(kind, f"output {b.name!r}: {text}", error), False
             worst = max(worst, error or 0.0)
     except Exception as e:  # any failure to load, bind, launch or fetch is this candidate's result
-        return RunResult.failure("launch", f"{type(e).__name__}: {e}"), fatal
+        return RunResult.failure("launch", f"{type(e).__name__}: {e}"), not backend.usable()
     try:
         started = time.perf_counter()  # a second call, past lazy module loading, says how long one call takes
         call()
@@ -351,7 +365,7 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
             return RunResult(ok=True, median_s=call_s, min_s=call_s, repeats=1, max_rel_err=worst), False
         times = np.array(backend.time(call, message["warmup"], message["repeats"], call_s))
     except Exception as e:
-        return RunResult.failure("launch", f"{type(e).__name__} while timing: {e}"), fatal
+        return RunResult.failure("launch", f"{type(e).__name__} while timing: {e}"), not backend.usable()
     q1, median, q3 = np.percentile(times, [25, 50, 75])
     return RunResult(ok=True, median_s=float(median), iqr_s=float(q3 - q1), min_s=float(times.min()),
                      repeats=len(times), max_rel_err=worst), False

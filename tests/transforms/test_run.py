@@ -1,5 +1,6 @@
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -196,10 +197,14 @@ def test_cuda_kernels_are_validated_timed_and_isolated(tmp_path, problem):
     assert all(b.ok for b in built), [b.error for b in built]
     launch = Launch("vadd", LAUNCH.args, grid=((N + 255) // 256, 1, 1), block=(256, 1, 1))
     correct, wrong, crash = (Trial(b, launch, problem) for b in built)
+    too_wide = Trial(built[0], replace(launch, grid=(1, 1, 1), block=(4096, 1, 1)), problem)  # over 1024 threads
     with Worker() as w:
-        results = run([correct, wrong, crash, correct], worker=w, repeats=20)
-        assert [r.error_kind for r in results] == [None, "wrong", "launch", None], [r.error for r in results]
-        assert w.starts == 2  # a CUDA error ends the worker; the next trial gets a fresh one
+        results = run([correct, wrong, too_wide, correct, crash, correct], worker=w, repeats=20)
+        assert [r.error_kind for r in results] == [None, "wrong", "launch", None, "launch", None], \
+            [r.error for r in results]
+        # a refused launch leaves the context usable and the worker goes on; the illegal address ends it, and the
+        # next trial gets a fresh one
+        assert w.starts == 2
     assert results[0].repeats == 20 and 0 < results[0].min_s <= results[0].median_s < 1e-3
     assert results[0].max_rel_err < 1e-6
 
