@@ -183,3 +183,13 @@ def test_an_output_the_launches_do_not_hold_is_not_skipped(two_outputs):
 def test_shapes_must_match_not_broadcast():
     assert check(np.zeros((4, 1)), np.zeros(4), 1.0)[0] == "wrong"
     assert check(np.zeros((2, 2)), np.zeros(4), 1.0)[0] == "wrong"
+
+
+def test_an_integer_output_is_checked_against_an_integer_reference():
+    # a problem built on the GPU keeps an integer output's reference in its own dtype (an embedding's offset indices)
+    reference = np.array([[0, 1000, 2000], [7, 1007, 2999]], dtype=np.int64)
+    assert check(reference.copy(), reference, 0.0, dtype="int64") == (None, 0.0, "")
+    off = reference.copy()
+    off[1, 2] = 2998  # one index off: |2998 - 2999| / 2999
+    kind, worst, _ = check(off, reference, 1e-5, dtype="int64")
+    assert kind == "wrong" and worst == pytest.approx(1 / 2999)
