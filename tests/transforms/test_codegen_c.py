@@ -4,6 +4,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from embed import zoo
@@ -16,7 +17,7 @@ from tests.transforms.kernels import measure, single
 from transforms.build import Source, build
 from transforms.codegen import generate
 from transforms.recipe import parse
-from transforms.run import Trial, Worker, run
+from transforms.run import Problem, Trial, Worker, run
 from transforms.space import RecipeSpace, default_recipe
 from transforms.transformation import apply_recipe
 from transforms.tune import make_task
@@ -129,3 +130,16 @@ def test_source_holds_no_document_strings() -> None:
     graph = b.build([b.node("relu", [x], (4, 8), "float32", name="y */ evil(); /*")])
     code = generate(apply_recipe(parse("fuse(all)"), lower(graph))).code
     assert "system" not in code and "evil" not in code
+
+
+def test_integer_outputs_are_exact_beyond_float32s_24_bits(tmp_path: Path, worker: Worker) -> None:
+    # int64 offsets added to indices (an embedding's): past 2**24 a float32 sum rounds to a neighbouring integer
+    task = make_task(single("add", [("x", (64,), "int64"), ("y", (64,), "int64")], (64,), "int64"))
+    kernel = generate(apply_recipe(default_recipe(task.program), task.program), "cpu")
+    [built] = build([Source(kernel.code, "cpu")], cache_dir=tmp_path)
+    x = (1 << 40) + 7 * np.arange(64, dtype=np.int64) + 1
+    y = np.full(64, 3, dtype=np.int64)
+    [out] = task.problem.reference
+    problem = Problem(dict(zip(sorted(task.problem.inputs), (x, y), strict=True)), {out: x + y})
+    [result] = run([Trial(built, kernel.launches, problem)], worker=worker, repeats=1)
+    assert result.ok and result.max_rel_err == 0.0, result.error

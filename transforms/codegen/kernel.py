@@ -21,8 +21,11 @@ class Kernel:
 
 
 def compute_dtype(program: LoopProgram) -> DType:
-    """The arithmetic type of generated code: float64 when any buffer is float64, else float32."""
-    return DType.FLOAT64 if any(b.dtype == DType.FLOAT64 for b in program.buffers.values()) else DType.FLOAT32
+    """The arithmetic type of generated code: float64 when any buffer is float64 or an output is a 32- or 64-bit
+    integer (float32 holds integers exactly only up to 2**24; float64 up to 2**53), else float32."""
+    wide = any(b.dtype == DType.FLOAT64 or (b.kind == BufferKind.OUTPUT and b.dtype in (DType.INT64, DType.INT32))
+               for b in program.buffers.values())
+    return DType.FLOAT64 if wide else DType.FLOAT32
 
 
 @dataclass(frozen=True)
