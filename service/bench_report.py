@@ -315,7 +315,9 @@ def report_markdown(outcomes: Sequence[HeldOut], config: BenchConfig, measurer: 
         f"; fills compared: {', '.join(config.fill_modes)} (random: variants, vendor-ranked and uniform random "
         "recipes fill the places neighbours leave; model: variants, vendor-ranked and the best of a pool ranked by a "
         f"cost model fitted on the fold's database, pool: {_pool_note(config)}). "
-        f"Local search after transfer: {config.local_budget} recipes.",
+        f"Local search after transfer: {config.local_budget} recipes. Database: "
+        + ("each subgraph's own search and cross table, as a crawl stores them." if config.database == "crawl" else
+           "each subgraph's own search, cross table and strong-optimum search (a crawl as thorough as the optimum)."),
     ]
     if runs:
         lines.append("Measured in: " + "; ".join(

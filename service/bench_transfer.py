@@ -74,6 +74,7 @@ ORACLE = "oracle"
 SPLITS = ("model", "family")
 FILLS = ("none", "random", "model")
 OPTIMA = ("recorded", "strong")
+DATABASES = ("crawl", "strong")
 FILL_POOLS = ("space", "recorded")
 #: The run's measurements in the order they depend on each other: each subgraph's own search, random picks and
 #: enumerated strong optimum; then the cross table (needs every subgraph's best) and the evolutionary strong optimum
@@ -117,17 +118,21 @@ class BenchConfig:
     exhaustive_below: int = 2000
     strong_budget: int = 256
     library: bool = False  # the vendor libraries' implementations (cuDNN's for a convolution) join every method's picks
+    database: str = "crawl"  # what a fold's database holds of a subgraph: "crawl" (own search, cross table) | "strong"
 
     def __post_init__(self) -> None:
         if len(self.models) < 2:
             raise ValueError("leave-one-model-out needs at least 2 models")
         for value, allowed, what in ((self.split, SPLITS, "split"), (self.optimum, OPTIMA, "optimum"),
-                                     (self.fill_pool, FILL_POOLS, "fill pool"),
+                                     (self.fill_pool, FILL_POOLS, "fill pool"), (self.database, DATABASES, "database"),
                                      *((f, FILLS, "fill") for f in self.fill_modes)):
             if value not in allowed:
                 raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
         if self.split == "family" and len({family_of(m) for m in self.models}) < 2:
             raise ValueError("leave-one-family-out needs models of at least 2 families")
+        if self.database == "strong" and self.optimum != "strong":
+            raise ValueError("--database strong stores each subgraph's strong-optimum search: it needs "
+                             "--optimum strong")
         if self.strong_budget < 1 or self.exhaustive_below < 0:
             raise ValueError("the strong optimum needs --strong-budget >= 1 and --exhaustive-below >= 0")
         for name in self.encoders:
@@ -227,6 +232,7 @@ class TransferBench:
         self.cross: dict[str, dict[str, str]] = {}
         self.picks: dict[str, dict[int, float]] = {}  # held-out key -> k -> best of default + k random recipes
         self.strong: dict[str, tuple[str, int]] = {}  # held-out key -> how its strong optimum searched, recipes
+        self.strong_recipes: dict[str, list[str]] = {}  # held-out key -> every recipe its strong optimum measured
 
     def run(self, shard: Shard | None = None) -> list[HeldOut]:
         """Every stage's measurements (:data:`STAGES`), then the outcomes. With ``shard``, the stages before
@@ -325,6 +331,8 @@ class TransferBench:
                 task = self.tasks[key]
                 measured = dict(self.own[key])
                 recipes = {r for b, r in self.cross[key].items() if b in ids}
+                if self.config.database == "strong":  # a crawl that searched as hard as the strong optimum
+                    recipes = sorted(recipes | set(self.strong_recipes.get(key, ())))
                 measured |= dict(zip(recipes, self.measurer.measure(task, key, [parse(r) for r in recipes]),
                                      strict=True))
                 add_measurements(session, device, self.measurer.table.toolchain, key, measured.items())
@@ -422,6 +430,7 @@ class TransferBench:
             everything = list(space.enumerate())
             for start in range(0, len(everything), 64):
                 measure(everything[start: start + 64])
+            self.strong_recipes[key] = [str(r) for r in everything]
             return "exhaustive", len(everything)
         seeds = list(dict.fromkeys([default_recipe(task.program, self.backend), *(parse(r) for r, _ in self.own[key]),
                                     *(parse(r) for r in sorted(set(self.cross[key].values()))),
@@ -430,6 +439,7 @@ class TransferBench:
         searcher.asked.update(seeds)  # the budget buys strong_budget recipes the seeds do not hold
         searcher.tell(list(zip(seeds, measure(seeds), strict=True)))
         search(searcher, measure, batch=searcher.population)  # a generation per batch: compiled in parallel
+        self.strong_recipes[key] = sorted(str(r) for r in searcher.asked)
         return "evolutionary", len(searcher.asked) - len(seeds)
 
     def _oracle_ranking(self, key: str, session: Session, device_id: int, ids: Mapping[str, int]) -> list[Neighbour]:

@@ -283,4 +283,13 @@ MUTANTS += [
     Mutant("memo-groups-any-mode", "a program's fuse groups are kept for whichever mode asked first",
            "transforms/schedule.py", 'program.memoized(("plan_groups", mode),', 'program.memoized(("plan_groups",),',
            ("tests/transforms/test_schedule.py",)),
+    # integer outputs, the strong database (the worker's restart is guarded by a GPU test: tests/transforms/test_run.py)
+    Mutant("check-integer-reference", "an integer reference goes to finfo", W,
+           "    if reference.dtype.kind != \"f\":", "    if False:", CHECK),
+    Mutant("codegen-integers-in-float32", "integer outputs computed in float32", "transforms/codegen/kernel.py",
+           "(b.kind == BufferKind.OUTPUT and b.dtype in (DType.INT64, DType.INT32))", "False",
+           ("tests/transforms/test_codegen_c.py",)),
+    Mutant("bench-strong-database-ignored", "--database strong stores what a crawl stores", BT,
+           "                if self.config.database == \"strong\":", "                if False:",
+           ("tests/service/test_bench_transfer.py",)),
 ]

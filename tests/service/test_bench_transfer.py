@@ -216,6 +216,37 @@ STRONG = BenchConfig(models=("lm_head-h64-v256-t32", "cnn_head-c32-i7-b1"), budg
                      encoders=("static",), fills=("random", "model", "none"), optimum="strong", strong_budget=8)
 
 
+def test_a_strong_database_stores_each_subgraphs_strong_search_so_its_best_recipe_is_the_strong_optimum(
+        tmp_path: Path) -> None:
+    import sqlite3
+
+    from transforms.space import RecipeSpace
+
+    subgraphs = {s.structural_hash: s for m in STRONG.models for s in partition(load_graph(m)) if s.tunable}
+    sizes = {key: RecipeSpace(make_task(s).program, "cpu").size() for key, s in subgraphs.items()}
+    enumerated = {key for key, size in sizes.items() if size < min(sizes.values()) + 1}  # the smallest space
+    stored = {}
+    for database in ("crawl", "strong"):
+        config = replace(STRONG, exhaustive_below=min(sizes.values()) + 1, database=database)
+        outcomes = run_bench(config, _counting_measurer(MeasurementTable(DEVICE, "synthetic"), []),
+                             workdir=tmp_path / database)
+        optimum = {o.key: o.optimum_s for o in outcomes}
+        stored[database] = {}
+        for fold in range(len(STRONG.models)):  # leave one model out: the other model's subgraphs are stored
+            with sqlite3.connect(tmp_path / database / f"fold{fold}.db") as db:
+                stored[database] |= {key: (count, best) for key, count, best in db.execute(
+                    "select s.structural_hash, count(*), min(m.median_s) from measurements m"
+                    " join subgraphs s on s.id = m.subgraph_id group by s.structural_hash")}
+    assert enumerated and enumerated <= set(stored["strong"])
+    for key in enumerated:  # its whole space, and so its strong optimum, is in the strong database only
+        count, best = stored["strong"][key]
+        assert count >= sizes[key] and best == pytest.approx(optimum[key])
+        assert stored["crawl"][key][0] < sizes[key]
+    assert all(stored["strong"][key][0] > stored["crawl"][key][0] for key in stored["crawl"])
+    with pytest.raises(ValueError, match="needs --optimum strong"):
+        replace(STRONG, optimum="recorded", database="strong")
+
+
 def test_the_strong_optimum_is_exhaustive_under_the_threshold_and_resumes_without_remeasuring(tmp_path: Path) -> None:
     from transforms.space import RecipeSpace
 

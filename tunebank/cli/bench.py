@@ -138,6 +138,10 @@ def transfer_command(
                                                            "search on a larger space")] = 256,
     library: Annotated[bool, typer.Option(help="give every method the vendor libraries' implementations (cuDNN's "
                                                "for a convolution) beside its picks, as optimize does")] = False,
+    database: Annotated[str, typer.Option(help="what a fold's database holds of each subgraph: crawl (its own "
+                                               "search and the cross table, as a crawl with --budget stores them) | "
+                                               "strong (also its strong optimum's search; needs --optimum strong)")
+                        ] = "crawl",
     strategy: Annotated[str, typer.Option(help="search for the optimum: exhaustive | random | evolutionary")] = (
         "evolutionary"),
     repeats: Annotated[int, typer.Option(min=1, help="timed runs per kernel (median)")] = 10,
@@ -180,7 +184,7 @@ def transfer_command(
                              local_budget=local_budget, per_neighbour=per_neighbour, fill=fill, seed=seed,
                              encoder_seed=encoder_seed, split=split, fills=_csv(fills) or None, fill_pool=fill_pool,
                              optimum=optimum, exhaustive_below=exhaustive_below, strong_budget=strong_budget,
-                             library=library)
+                             library=library, database=database)
     except (ValueError, UnknownNameError) as e:
         fail(str(e))
     if cpu_threads:
