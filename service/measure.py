@@ -64,9 +64,9 @@ class MeasurementTable:
         return cls(DeviceSpec(**data["device"]), from_recorded(data["toolchain"]), data["results"], data["eager"])
 
 
-def _result(value: float | str) -> RunResult:
+def _result(value: float | str, message: str | None = None) -> RunResult:
     if isinstance(value, str):
-        return RunResult.failure(value, "recorded failure")  # type: ignore[arg-type]
+        return RunResult.failure(value, message or "recorded failure")  # type: ignore[arg-type]
     return RunResult(ok=True, median_s=value, min_s=value, repeats=1)
 
 
@@ -102,12 +102,14 @@ class Measurer:
     """``measure(task, key, recipes)`` and ``eager(task, key)`` through the table; ``key`` names the subgraph
     (its structural hash). What the table lacks is measured with ``run`` / ``eager_time`` (a replay has neither
     and raises ``MissingMeasurementError``). ``evaluations`` counts the recipes actually run; ``checkpoint`` is
-    consulted before each live measurement."""
+    consulted before each live measurement. The table keeps a failure's kind; the failures this measurer ran keep
+    their message too (``messages``, by subgraph and recipe), which recordings do not hold."""
 
     def __init__(self, table: MeasurementTable, *, run: RunRecipes | None = None,
                  eager_time: EagerTime | None = None, checkpoint: Checkpoint | None = None) -> None:
         self.table, self.run, self.eager_time, self.checkpoint = table, run, eager_time, checkpoint
         self.evaluations = 0
+        self.messages: dict[tuple[str, str], str] = {}
 
     def measure(self, task: Task, key: str, recipes: Sequence[Recipe]) -> list[RunResult]:
         known = self.table.results.setdefault(key, {})
@@ -120,8 +122,10 @@ class Measurer:
             unique = {str(r): r for r in recipes}
             for text, result in zip(new, self.run(task, [unique[t] for t in new]), strict=True):
                 known[text] = result.median_s if result.ok else str(result.error_kind)
+                if not result.ok:
+                    self.messages[key, text] = result.error
             self.evaluations += len(new)
-        return [_result(known[str(r)]) for r in recipes]
+        return [_result(known[str(r)], self.messages.get((key, str(r)))) for r in recipes]
 
     def eager(self, task: Task, key: str) -> float:
         if key not in self.table.eager:

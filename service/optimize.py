@@ -315,7 +315,8 @@ def _tune(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: Measurem
     if subgraph_id in best and subgraph_id in eager and kernels.step(subgraph, best[subgraph_id].recipe):
         row.source, row.recipe, row.kernel_s = "hit", best[subgraph_id].recipe, best[subgraph_id].median_s
         row.eager_s = eager[subgraph_id]
-        row.candidates = [{"recipe": row.recipe, "origin": "stored", "seconds": row.kernel_s, "error": None}]
+        row.candidates = [{"recipe": row.recipe, "origin": "stored", "seconds": row.kernel_s, "error": None,
+                           "message": None}]
         row.choose(config.margin)
         return
     row.source = "transfer"
@@ -339,7 +340,8 @@ def _tune(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: Measurem
     row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe}
                       for n in near]
     row.candidates = [{"recipe": t.recipe, "origin": t.origin, "seconds": t.result.median_s if t.result.ok else None,
-                       "error": None if t.result.ok else t.result.error_kind} for t in result.tried]
+                       "error": None if t.result.ok else t.result.error_kind,
+                       "message": None if t.result.ok else t.result.error} for t in result.tried]
     ok = [t for t in result.tried if t.result.ok]
     if ok:
         fastest = min(ok, key=lambda t: t.result.median_s)

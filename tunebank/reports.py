@@ -49,7 +49,7 @@ class SubgraphResult:
     queued: bool = False
     reason: str | None = None
     neighbours: tuple[dict[str, Any], ...] = field(default=(), repr=False)  # distance, recipe of each neighbour
-    candidates: tuple[dict[str, Any], ...] = field(default=(), repr=False)  # each recipe tried: time or error
+    candidates: tuple[dict[str, Any], ...] = field(default=(), repr=False)  # each recipe tried: time, or why it failed
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SubgraphResult:

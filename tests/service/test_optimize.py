@@ -19,6 +19,7 @@ from service.optimize_report import SubgraphReport
 from tests.service.conftest import DEVICE
 from transforms.compilers.cpu import toolchain_id
 from transforms.plan_runtime import PlanModule
+from transforms.results import RunResult
 from transforms.run import Worker
 
 FAST = {"k": 2, "repeats": 3, "model_calls": 3}
@@ -197,3 +198,20 @@ def test_a_transpose_between_two_kernels_costs_no_kernel_of_its_own(ctx: Context
     with torch.no_grad():
         expected = module.double()(x.double())
     torch.testing.assert_close(plan(x).double(), expected, rtol=1e-4, atol=1e-6)
+
+
+class _RefusingWorker(Worker):
+    """A worker whose every trial fails the way a refused launch does."""
+
+    def request(self, message: dict, timeout_s: float) -> RunResult:
+        return RunResult.failure("launch", "CUDADriverError: CUDA_ERROR_INVALID_VALUE (planted)")
+
+
+def test_a_failed_candidate_says_why_in_the_report(ctx: Context) -> None:
+    config = OptimizeConfig(time_model=False, **FAST)
+    with _RefusingWorker() as worker:
+        result = optimize(_graph(Encoder()), ctx, worker=worker, config=config)
+    tried = [c for s in result.report.subgraphs for c in s.candidates]
+    assert tried and all(c["seconds"] is None and c["error"] == "launch" for c in tried)
+    assert {c["message"] for c in tried} == {"CUDADriverError: CUDA_ERROR_INVALID_VALUE (planted)"}
+    assert {s.choice for s in result.report.subgraphs if s.candidates} == {"eager"}
