@@ -4,11 +4,13 @@
 # packages, so they come as wheels in .whl (pip download --only-binary=:all: --python-version 3.12 --platform
 # manylinux2014_x86_64 --no-deps sqlalchemy alembic mako faiss-cpu pydantic pydantic-core pydantic-settings
 # python-dotenv safetensors annotated-types typing-inspection packaging), and the tunebank column's database comes as
-# $DB (default out/h200.db; on an H100, out/h100.db: bench/db_from_recording.py bench/results/transfer_strong_h100.json
-# out/h100.db --models <its 12 zoo models>, see bench/README.md), e.g. out/h200.db (bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db, run in a checkout of 9061a44:
-# the recording predates e023981, whose cuda spaces give reshaped contractions gemm recipes it never measured, so a
-# replay at a later commit stops with "the recording has no measurement of 'gemm(cublaslt,0)'"): run with carry
-# [".whl", "bench/optimize_e2e_device.sh", "$DB"].
+# $DB, built from a transfer recording whose models exclude the held-out ones (bench/README.md says how):
+#   out/h200.db (default): bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db, run in a checkout
+#     of 9061a44 (the recording predates e023981, whose cuda spaces give reshaped contractions gemm recipes it never
+#     measured, so a replay at a later commit stops with "the recording has no measurement of 'gemm(cublaslt,0)'");
+#   out/h100.db (on an H100): bench/db_from_recording.py bench/results/transfer_strong_h100.json out/h100.db
+#     --models <its 12 zoo models>.
+# Run with carry [".whl", "bench/optimize_e2e_device.sh", "$DB"].
 set -u
 mkdir -p /tmp/py && for w in .whl/*.whl; do python -m zipfile -e "$w" /tmp/py; done
 export PYTHONPATH=/tmp/py:$PWD
