@@ -24,6 +24,8 @@ The JSON (``--out PREFIX`` -> PREFIX.json, PREFIX.md) is a checkpoint: it is wri
 ``--deadline`` watchdog stops the process before an outer time limit, recording the (model, column) in flight
 as ``unfinished`` with the seconds it had run; unfinished entries are kept on resume unless
 ``--retry-unfinished``. ``--report FILE`` writes the markdown table from a JSON without running anything.
+``--merge FILE...`` combines checkpoints of calls that ran side by side (shards of the models, each on its own GPU,
+each resumed from the same file): for each (model, column) the entry started last wins.
 
     python3 bench/optimize_e2e.py --out $OUT/optimize_e2e_h200 --columns eager,default --deadline 500
     python3 bench/optimize_e2e.py --resume bench/results/optimize_e2e_h200.json --out $OUT/optimize_e2e_h200 \
@@ -368,6 +370,20 @@ class Checkpoint:
                     cols[col] = {**entry, "status": "unfinished", "note": note}
 
 
+def merge(checkpoints: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One checkpoint of several: their runs (each once, by date), and for each (model, column) the entry that
+    started last (an entry without a start, e.g. one never run, loses to any that has one)."""
+    runs = {(r["date"], r["command"]): r for data in checkpoints for r in data["runs"]}
+    results: dict[str, dict[str, Any]] = {}
+    for data in checkpoints:
+        for model, cols in data["results"].items():
+            for col, entry in cols.items():
+                held = results.setdefault(model, {}).get(col)
+                if held is None or entry.get("started", "") > held.get("started", ""):
+                    results[model][col] = entry
+    return {"schema": SCHEMA, "runs": sorted(runs.values(), key=lambda r: r["date"]), "results": results}
+
+
 def todo(ckpt: Checkpoint, models: Sequence[str], columns: Sequence[str], *, retry_unfinished: bool = False,
          retry_errors: bool = False) -> list[tuple[str, str]]:
     """The (model, column) pairs the checkpoint lacks, model by model."""
@@ -533,6 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="PREFIX: writes PREFIX.json (the checkpoint) and PREFIX.md")
     parser.add_argument("--resume", type=Path, help="a checkpoint JSON: only missing (model, column) are measured")
     parser.add_argument("--report", type=Path, help="write the markdown of this JSON (to --out PREFIX.md) and exit")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
+                        help="checkpoints to combine into --out PREFIX (the entry started last wins) and exit")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--deadline", type=float, help="seconds: stop before this, recording the pair in flight")
     parser.add_argument("--retry-unfinished", action="store_true")
@@ -540,6 +558,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--commit", help="commit of the code measured (default: git rev-parse, where git works)")
     args = parser.parse_args(argv)
 
+    if args.merge:
+        if not args.out:
+            parser.error("--merge needs --out PREFIX")
+        merged = merge([Checkpoint.load(f) for f in args.merge])
+        Path(f"{args.out}.json").write_text(json.dumps(merged, indent=1) + "\n")
+        args.report = Path(f"{args.out}.json")
     if args.report:
         text = report(Checkpoint.load(args.report), origin=_origin)
         if args.out:

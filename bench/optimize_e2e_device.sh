@@ -10,12 +10,14 @@
 #     measured, so a replay at a later commit stops with "the recording has no measurement of 'gemm(cublaslt,0)'");
 #   out/h100.db (on an H100): bench/db_from_recording.py bench/results/transfer_strong_h100.json out/h100.db
 #     --models <its 12 zoo models>.
-# Run with carry [".whl", "bench/optimize_e2e_device.sh", "$DB"].
+# Run with carry [".whl", "$DB"]. Calls with different $NAMEs can run side by side, each on its own GPU
+# (CUDA_VISIBLE_DEVICES), and their checkpoints be combined with bench/optimize_e2e.py --merge.
 set -u
-mkdir -p /tmp/py && for w in .whl/*.whl; do python -m zipfile -e "$w" /tmp/py; done
-export PYTHONPATH=/tmp/py:$PWD
-cp "${DB:-out/h200.db}" /tmp/e2e.db
+TMP=/tmp/e2e-$NAME
+mkdir -p $TMP/py && for w in .whl/*.whl; do python -m zipfile -e "$w" $TMP/py; done
+export PYTHONPATH=$TMP/py:$PWD
+cp "${DB:-out/h200.db}" $TMP/e2e.db
 MODELS=$(python -c "import sys; sys.path.insert(0,'.'); from bench.e2e_models import MODELS; print(','.join(MODELS))")
-TUNEBANK_E2E_DB=/tmp/e2e.db python bench/optimize_e2e.py ${RESUME:+--resume $RESUME} --out "$OUT/$NAME" \
+TUNEBANK_E2E_DB=$TMP/e2e.db python bench/optimize_e2e.py ${RESUME:+--resume $RESUME} --out "$OUT/$NAME" \
   --columns "$COLUMNS" --deadline "${DEADLINE:-500}" --models "${ONLY:-$MODELS}" --commit "${COMMIT:-unknown}" 2>&1 \
   | grep -v "Warning\|warnings.warn\|capture_end" | tee "$OUT/$NAME.log" | tail -40

@@ -67,6 +67,27 @@ def test_running_marker_becomes_unfinished_and_is_kept() -> None:
     assert e2e.todo(ckpt, ["a"], ["eager"], retry_unfinished=True) == [("a", "eager")]
 
 
+def test_merge_keeps_each_pairs_latest_entry_and_each_run_once() -> None:
+    base_run = {"date": "2026-01-01T00:00:00Z", "command": "base"}
+    base = {"schema": e2e.SCHEMA, "runs": [base_run], "results": {
+        "a": {"eager": {"status": "ok", "ms": 1.0, "started": "2026-01-01T00:00:01Z"},
+              "slow": {"status": "unfinished", "started": "2026-01-01T00:00:02Z"}},
+        "b": {"eager": {"status": "ok", "ms": 2.0, "started": "2026-01-01T00:00:03Z"}}}}
+    shard_a = json.loads(json.dumps(base))  # each shard resumed the base, then measured its own model
+    shard_a["runs"].append({"date": "2026-01-02T00:00:00Z", "command": "shard a"})
+    shard_a["results"]["a"]["slow"] = {"status": "ok", "ms": 0.5, "started": "2026-01-02T00:00:05Z"}
+    shard_b = json.loads(json.dumps(base))
+    shard_b["runs"].append({"date": "2026-01-02T00:00:00Z", "command": "shard b"})
+    shard_b["results"]["b"]["slow"] = {"status": "unfinished", "started": "2026-01-02T00:00:07Z"}
+    for order in ([base, shard_a, shard_b], [shard_b, shard_a, base]):
+        merged = e2e.merge(order)
+        assert merged["results"]["a"]["slow"] == {"status": "ok", "ms": 0.5, "started": "2026-01-02T00:00:05Z"}
+        assert merged["results"]["b"]["slow"]["status"] == "unfinished"
+        assert merged["results"]["a"]["eager"]["ms"] == 1.0 and merged["results"]["b"]["eager"]["ms"] == 2.0
+        assert [r["command"] for r in merged["runs"]] in (["base", "shard a", "shard b"],
+                                                          ["base", "shard b", "shard a"])
+
+
 def test_deadline_watchdog_writes_unfinished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     snapshots: list[dict[str, Any]] = []
     path = tmp_path / "w.json"
