@@ -285,9 +285,9 @@ def tunebank_column(module: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
         out, _ = first_call(fast, inputs)
         out = [t.clone() for t in _flat(out)]
         report = fast.plan.report
-        summary = {"kernels": fast.plan.kernels, "steps": len(fast.plan.steps), "measured": report.get("measured"),
-                   "model_fallback": report.get("model_fallback"), "stages_s": report.get("stages_s"),
-                   "sources": _sources(report)}
+        summary = {"kernels": fast.plan.kernels, "attentions": fast.plan.attentions, "steps": len(fast.plan.steps),
+                   "measured": report.get("measured"), "model_fallback": report.get("model_fallback"),
+                   "stages_s": report.get("stages_s"), "sources": _sources(report)}
         return measure(fast, module, inputs, compile_s=optimize_s, first_output=out, **summary)
 
 

@@ -22,6 +22,10 @@ whole and timed (``service.model_timing``) in each way it can run: the plan, on 
 graph, and the all-eager plan in one CUDA graph; the fastest is kept, and when none beats the model run eagerly,
 the plan becomes all-eager without a graph (which is eager): a plan is never slower than eager as a whole either.
 
+An attention (score matmul, scaled softmax, output matmul) runs as PyTorch's fused scaled dot-product attention where
+that validates and beats its three steps as chosen by more than ``margin`` (``service.fused_attention``); this is
+decided before layout steps are folded, so no fold hides a tensor the fused call reads.
+
 Layout subgraphs (transpose, reshape, slice, ...) cost nothing where they can: before the model is timed, each one
 next to a kernel step is tried folded into it (``transforms.plan.fold_side``: into the store of the kernel it
 reads, or the loads of the kernel that alone reads it), the kernel regenerated from the merged subgraph with the
@@ -57,6 +61,7 @@ from embed.profile import DeviceSpec
 from embed.subgraph import Subgraph, SubgraphKind
 from service.crawl import profile_vector
 from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
+from service.fused_attention import fuse_attentions
 from service.measure import MeasurementTable, Measurer, live_measurer
 from service.measurement_store import MeasurementStore
 from service.optimize_report import OptimizeReport, SubgraphReport
@@ -163,6 +168,9 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     started = time.perf_counter()
     chosen = {r.structural_hash: r for r in report.subgraphs}
     steps = [kernels.plan_step(s, chosen[s.structural_hash]) for s in subgraphs]
+    seconds = [_step_seconds(chosen[s.structural_hash]) for s in subgraphs]
+    report.attentions = fuse_attentions(graph, parts, steps, seconds, backend=ctx.backend, margin=config.margin,
+                                        repeats=config.repeats, seed=config.seed)
     before = measurer.evaluations
     folder = _Folder(graph, parts, chosen, ctx, store, measurer, config.seed, config.fold_margin)
     steps = folder.fold(steps)

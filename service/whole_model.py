@@ -47,7 +47,7 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
     inputs = list(inputs) if inputs is not None else [drawn[n] for n in names]
     eager_plan = replace(plan.with_all_eager(), cuda_graph=False)
     ways = [plan] if backend != "cuda" else [plan, replace(plan, cuda_graph=False)]
-    if backend == "cuda" and plan.kernels:
+    if backend == "cuda" and plan.tuned:
         ways.append(replace(plan.with_all_eager(), cuda_graph=True))
     try:
         eager = reference or PlanModule(eager_plan, params, cache_dir=cache_dir, device=device)
@@ -75,7 +75,7 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
                                                               device=device, eager_model=reference)
         return eager_plan, fallback
     report.model_s = _none_if_nan(seconds)
-    report.model_fallback = ways[best].kernels < plan.kernels
+    report.model_fallback = ways[best].tuned < plan.tuned
     return ways[best], modules[best]
 
 

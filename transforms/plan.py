@@ -11,7 +11,9 @@ order) saying how it runs, the device and toolchain it was tuned for, and the op
   that kernel's output: :data:`STORE`) or reading its input through the layout's map (the layout feeds that kernel:
   :data:`LOAD`). That kernel is generated from the union of both subgraphs (``embed.partition.merged_subgraph``)
   with the views folded (``transforms.views.fold_layout``). A layout step left eager is a PyTorch view where no data
-  moves (transpose, reshape of a contiguous tensor, slice) and one copy otherwise (concat, gather).
+  moves (transpose, reshape of a contiguous tensor, slice) and one copy otherwise (concat, gather);
+* ``attention``: the output matmul of an attention (``transforms.attention``: score matmul, scaled softmax, output
+  matmul) runs the three as PyTorch's fused scaled dot-product attention; the other two are ``folded`` into it.
 
 A plan file (``.tbplan``) is a zip archive of ``plan.json`` (this module's :data:`FORMAT`, version
 :data:`VERSION`) and, when the weights are known, ``weights.safetensors``. Nothing in it is executed as it is:
@@ -35,6 +37,7 @@ from embed.ir import Graph, graph_from_json
 from embed.lower import lower
 from embed.partition import merged_subgraph, partition_nodes
 from embed.subgraph import Subgraph, SubgraphKind
+from transforms import attention
 from transforms.codegen import Kernel, generate
 from transforms.recipe import RecipeError, parse
 from transforms.run import Launch
@@ -48,7 +51,8 @@ PLAN_MEMBER, WEIGHTS_MEMBER = "plan.json", "weights.safetensors"
 MAX_PLAN_JSON_BYTES = 256 * 2**20  # uncompressed; a larger member is refused before it is read
 MAX_WEIGHTS_BYTES = 16 * 2**30
 
-Impl = Literal["eager", "kernel", "folded"]
+Impl = Literal["eager", "kernel", "folded", "attention"]
+IMPLS = ("eager", "kernel", "folded", "attention")
 STORE, LOAD = "store", "load"  # where a folded layout goes: the kernel's store (it reads the kernel) or its loads
 
 
@@ -58,9 +62,10 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class Step:
-    """How one subgraph runs: ``impl`` eager, folded into a kernel step, or the kernel generated from ``recipe``
+    """How one subgraph runs: ``impl`` eager, folded into another step, the kernel generated from ``recipe``
     (``code`` and ``launches``, as JSON, are what that generation gave when the plan was made) that also runs the
-    layout steps ``folded`` (their indices in the plan)."""
+    layout steps ``folded`` (their indices in the plan), or an attention that also runs its score and softmax
+    steps (``folded``)."""
 
     structural_hash: str
     impl: Impl
@@ -101,8 +106,17 @@ class Plan:
         return sum(s.impl == "kernel" for s in self.steps)
 
     @property
+    def tuned(self) -> int:
+        """Steps that do not run their subgraph's own PyTorch ops: kernels and fused attentions."""
+        return sum(s.impl in ("kernel", "attention") for s in self.steps)
+
+    @property
+    def attentions(self) -> int:
+        return sum(s.impl == "attention" for s in self.steps)
+
+    @property
     def folds(self) -> dict[int, int]:
-        """Each folded layout step's index -> the index of the kernel step that runs it."""
+        """Each folded step's index -> the index of the kernel or attention step that runs it."""
         return {j: k for k, s in enumerate(self.steps) for j in s.folded}
 
     def with_all_eager(self) -> Plan:
@@ -200,6 +214,13 @@ def verify(plan: Plan) -> tuple[list[Subgraph], list[Kernel | None]]:
 def _check_folds(plan: Plan, parts: Parts) -> None:
     folds: dict[int, int] = {}
     for k, step in enumerate(plan.steps):
+        if step.impl == "attention":
+            found = attention.match(plan.graph, parts, k)
+            if found is None or tuple(step.folded) != found.folded or set(found.folded) & set(folds):
+                raise PlanError(f"step {k} runs an attention that subgraphs {list(step.folded)} and {k} do not form "
+                                "(edited plan?)")
+            folds.update(dict.fromkeys(found.folded, k))
+            continue
         for j in step.folded:
             if step.impl != "kernel" or not 0 <= j < len(parts) or j in folds or j == k:
                 raise PlanError(f"step {k} folds step {j}, which no kernel step can fold (edited plan?)")
@@ -235,7 +256,7 @@ def plan_from_json(data: Any) -> Plan:
 
 def _step(data: Mapping[str, Any]) -> Step:
     impl = data["impl"]
-    if impl not in ("eager", "kernel", "folded"):
+    if impl not in IMPLS:
         raise ValueError(f"unknown step impl {impl!r}")
     launches = tuple(data.get("launches") or ())
     for launch in launches:

@@ -9,6 +9,8 @@ subgraphs in order, each eagerly or as its tuned kernel, on the caller's tensors
   write.
 * A layout step folded into a kernel step (``transforms.plan``) runs nothing: that kernel reads or writes through
   the layout's index map. Scratch for a temporary the folded program no longer touches is one element.
+* An attention step runs PyTorch's fused scaled dot-product attention on the query, key, value (and mask) of its
+  three subgraphs (``transforms.attention``); its score and softmax steps run nothing.
 * On cuda, with static shapes (always, in tunebank's IR), the whole forward is captured once as a CUDA graph
   and replayed: eager ops and kernels alike, with no Python or launch overhead. Inputs are copied into the
   graph's buffers and outputs cloned out, so a caller's tensors are never aliased. A forward that cannot be
@@ -29,15 +31,17 @@ from typing import Any
 import torch
 
 from embed.eager import TORCH_DTYPES, EagerProgram
-from embed.ir import TensorRole
+from embed.ir import Graph, TensorRole
 from embed.loopnest import LoopProgram
 from embed.lower import lower
+from embed.partition import partition_nodes
 from embed.subgraph import Subgraph
+from transforms import attention
 from transforms.build import Source, build
 from transforms.codegen import Kernel
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import signature
-from transforms.plan import Plan, PlanError, verify
+from transforms.plan import Parts, Plan, PlanError, verify
 from transforms.run import Buffer
 from transforms.views import fold_layout
 from transforms.worker import c_scalar, cpu_functions, cuda_functions
@@ -99,7 +103,18 @@ def _touched(program: LoopProgram) -> set[str]:
 
 
 def _folded_step(env: Env) -> None:
-    """A layout step that a kernel step runs as index maps: nothing to do here."""
+    """A step that another runs (a layout step as a kernel's index maps, an attention's score or softmax step):
+    nothing to do here."""
+
+
+def _attention_step(graph: Graph, parts: Parts, n: int) -> StepFn:
+    found = attention.match(graph, parts, n)
+    assert found is not None  # verify() checked it
+
+    def run(env: Env) -> None:
+        attention.run(found, env)
+
+    return run
 
 
 def _cpu_step(kernel: Kernel, artifact: str, arguments: _Arguments, device: torch.device) -> StepFn:
@@ -192,13 +207,15 @@ class PlanModule(torch.nn.Module):
                 _check_runs_eagerly(subgraph)
         artifacts = compile_kernels(kernels, backend, cache_dir)
         make = _cuda_step if backend == "cuda" else _cpu_step
+        parts = partition_nodes(graph) if any(step.impl == "attention" for step in plan.steps) else []
         self.steps: list[StepFn] = [
-            _folded_step if step.impl == "folded" else _eager_step(s, self.device) if k is None
+            _folded_step if step.impl == "folded" else _attention_step(graph, parts, n)
+            if step.impl == "attention" else _eager_step(s, self.device) if k is None
             else make(k, a, _Arguments(s, folded=bool(step.folded)), self.device)
-            for s, k, a, step in zip(subgraphs, kernels, artifacts, plan.steps, strict=True)
+            for n, (s, k, a, step) in enumerate(zip(subgraphs, kernels, artifacts, plan.steps, strict=True))
         ]
         self.use_cuda_graph = cuda_graph and plan.cuda_graph and self.device.type == "cuda"
-        self.eager_model = eager_model if not plan.kernels and not self.use_cuda_graph else None
+        self.eager_model = eager_model if not plan.tuned and not self.use_cuda_graph else None
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 

@@ -1,6 +1,7 @@
 """``tunebank inspect MODEL``: the subgraphs of a model, their kinds, sizes and static features; for a plan file
 (``.tbplan``), also how each subgraph runs: a kernel (with the layout steps folded into it), eager (a layout step
-left eager is a view, or one copy where data must move), or folded into a kernel's store or loads."""
+left eager is a view, or one copy where data must move), folded into a kernel's store or loads, or part of an
+attention run as one fused call."""
 
 from collections import Counter
 from pathlib import Path
@@ -75,14 +76,19 @@ _VIEW_OPS = frozenset({"transpose", "reshape", "slice", "expand"})  # PyTorch ru
 
 def runs_as(plan: Plan) -> list[str]:
     """How each step of ``plan`` runs, in words: ``kernel`` (``kernel +folds #j,..``), ``eager`` (a layout step:
-    ``eager view`` where no data moves, ``eager copy`` otherwise), ``folded into #k store|load``."""
+    ``eager view`` where no data moves, ``eager copy`` otherwise), ``folded into #k store|load``, ``attention
+    (fused, of #a,#r,#k)`` and its score and softmax steps ``in attention #k``."""
     parts = partition_nodes(plan.graph)
     folds = plan.folds
     out = []
     for j, step in enumerate(plan.steps):
         sub = parts[j][0]
-        if step.impl == "folded":
+        if step.impl == "folded" and plan.steps[folds[j]].impl == "attention":
+            out.append(f"in attention #{folds[j]}")
+        elif step.impl == "folded":
             out.append(f"folded into #{folds[j]} {fold_side(plan.graph, parts, folds[j], j)}")
+        elif step.impl == "attention":
+            out.append(f"attention (fused, of #{step.folded[0]},#{step.folded[1]},#{j})")
         elif step.impl == "kernel":
             out.append("kernel" + (f" +folds {','.join(f'#{i}' for i in step.folded)}" if step.folded else ""))
         elif sub.kind == SubgraphKind.LAYOUT:

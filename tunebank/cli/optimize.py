@@ -104,8 +104,10 @@ def optimize_command(
     if busy:
         console.print(f"warning: {busy}")
     if saved is not None:
-        console.print(f"plan: {escape(str(saved))} ({result.plan.kernels} kernels, "
-                      f"{len(result.plan.steps) - result.plan.kernels} eager steps)")
+        plan = result.plan
+        fused = f"{plan.attentions} fused attentions, " if plan.attentions else ""
+        console.print(f"plan: {escape(str(saved))} ({plan.kernels} kernels, {fused}"
+                      f"{len(plan.steps) - plan.tuned} eager or folded steps)")
 
 
 def _optimize_remote(model: str, server: str, api_key: str | None, *, out: Path | None, k: int, margin: float,
