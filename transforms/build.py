@@ -1,6 +1,7 @@
-"""Builder: compile a batch of candidate sources in parallel, one BuildResult per source, in order."""
+"""Builder: compile a batch of candidate sources in parallel, one BuildResult per source, in order (``build``), or
+each as soon as it and those before it are done while the rest compile on (``build_each``)."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,13 @@ def build(sources: Sequence[Source], *, cache_dir: Path, jobs: int = 4, timeout_
     interrupted. A failure is a BuildResult with ``error_kind`` "compile" or "timeout"; nothing is raised for a
     bad source.
     """
+    return list(build_each(sources, cache_dir=cache_dir, jobs=jobs, timeout_s=timeout_s))
+
+
+def build_each(sources: Sequence[Source], *, cache_dir: Path, jobs: int = 4, timeout_s: float = 60.0) \
+        -> Iterator[BuildResult]:
+    """:func:`build`'s results one by one, in order: each as soon as it is compiled, the later sources compiling on
+    meanwhile (all of them are submitted at once), so a caller can run the first while the others compile."""
 
     def one(source: Source) -> BuildResult:
         try:
@@ -45,4 +53,5 @@ def build(sources: Sequence[Source], *, cache_dir: Path, jobs: int = 4, timeout_
             return BuildResult(source.backend, error_kind="compile", error=f"{type(e).__name__}: {e}")
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, sources))
+        for future in [pool.submit(one, source) for source in sources]:
+            yield future.result()

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -306,6 +306,7 @@ class Worker:
         self._buffer = b""
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         self._saved: dict[int, tuple[weakref.ref[Problem], Path]] = {}
+        self._ready = False
         self.starts = self.saves = 0
 
     def __enter__(self) -> "Worker":
@@ -350,7 +351,9 @@ class Worker:
 
     def _stop(self) -> None:
         if self._proc is not None:
-            if self._proc.poll() is None and self._proc.stdin is not None:
+            if not self._ready:  # warmed and never used: nothing to finish
+                self._proc.kill()
+            elif self._proc.poll() is None and self._proc.stdin is not None:
                 self._proc.stdin.close()  # a worker between trials exits at the end of its input
                 try:
                     self._proc.wait(timeout=CLOSE_TIMEOUT_S)
@@ -363,14 +366,28 @@ class Worker:
             self._stderr = None
         self._buffer = b""
 
-    def _start(self) -> None:
+    def warm(self) -> None:
+        """Start the worker process now without waiting for it: its imports overlap the caller's own work until the
+        first trial, which waits for it to be ready."""
+        if self._proc is None:
+            self._spawn()
+
+    def _spawn(self) -> None:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed in close())
         self._proc = subprocess.Popen(
             [self.python, "-m", "transforms.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=_ROOT,
         )
         self.starts += 1
-        self._read(self.startup_timeout_s)
+        self._ready = False
+
+    def _start(self) -> None:
+        """A worker ready for a trial: spawned if there is none, its ready line read if not yet."""
+        if self._proc is None:
+            self._spawn()
+        if not self._ready:
+            self._read(self.startup_timeout_s)
+            self._ready = True
 
     def _read(self, timeout_s: float) -> dict[str, Any]:
         """The next JSON line; TimeoutError or EOFError when none comes."""
@@ -400,8 +417,7 @@ class Worker:
     def request(self, message: dict[str, Any], timeout_s: float) -> RunResult:
         """Send one trial message and return its result; failures of any kind come back as values."""
         try:
-            if self._proc is None:
-                self._start()
+            self._start()
             assert self._proc is not None and self._proc.stdin is not None
             self._proc.stdin.write(json.dumps(message).encode() + b"\n")
             self._proc.stdin.flush()
@@ -426,7 +442,7 @@ def fastest(results: Sequence[RunResult], known_s: float = math.inf) -> float:
 
 
 def run(
-    trials: Sequence[Trial],
+    trials: Iterable[Trial],
     *,
     timeout_s: float = 30.0,
     warmup: int = 3,
@@ -434,7 +450,8 @@ def run(
     worker: Worker | None = None,
     best_s: float = math.inf,
 ) -> list[RunResult]:
-    """Validate and time ``trials`` one at a time, each bounded by ``timeout_s``; one RunResult per trial.
+    """Validate and time ``trials`` one at a time, each bounded by ``timeout_s``; one RunResult per trial (an
+    iterator of trials is drawn one trial at a time, e.g. as their builds finish).
 
     A trial whose build failed gets its build's error kind without running. Pass a ``worker`` to reuse
     one across calls; otherwise one is started and stopped here. ``best_s``: the fastest time known before these

@@ -26,7 +26,7 @@ from embed.loopnest import LoopProgram
 from embed.lower import lower
 from embed.partition import partition
 from embed.subgraph import Subgraph
-from transforms.build import Source, build
+from transforms.build import Source, build_each
 from transforms.codegen import Kernel, generate
 from transforms.compilers import cuda
 from transforms.problem import described_problem, quantized_inputs
@@ -133,8 +133,11 @@ def evaluator(
         made = kernels(task.program, recipes, backend)
         ok = [k for k in made if isinstance(k, Kernel)]
         arch = cuda.device_arch() if backend == "cuda" else ""  # machine code for the GPU the worker runs on
-        builds = iter(build([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs))
-        trials = [Trial(next(builds), k.launches, task.problem) for k in ok]
+        builds = build_each([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs)
+        # cuda: a candidate runs while the later ones compile (the GPU's timing does not feel the host's load); cpu:
+        # every compile ends first, since compilers would take the cores the timed kernels run on
+        built = builds if backend == "cuda" else iter(list(builds))
+        trials = (Trial(b, k.launches, task.problem) for b, k in zip(built, ok, strict=True))
         measured = run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2, best_s=incumbent)
         incumbent = fastest(measured, incumbent)
         results = iter(measured)

@@ -1,7 +1,11 @@
+import threading
+
 import pytest
 
-from transforms.build import Source, build
+from transforms import build as build_module
+from transforms.build import Source, build, build_each
 from transforms.compilers import cuda
+from transforms.results import BuildResult
 
 
 def test_build_returns_one_result_per_source_in_order(tmp_path):
@@ -32,3 +36,18 @@ def test_an_unwritable_cache_is_a_failed_build_not_an_exception(tmp_path):
 def test_unknown_backend_lists_the_valid_ones():
     with pytest.raises(ValueError, match="choose one of: cpu, cuda"):
         Source("", backend="metal")
+
+
+def test_build_each_gives_the_first_result_while_the_later_sources_still_compile(tmp_path, monkeypatch):
+    last_may_finish = threading.Event()
+
+    def compile_c(code, **_):
+        if "last" in code:  # the last source compiles only once the caller holds the first result
+            assert last_may_finish.wait(10), "the first result never came while the last source compiled"
+        return BuildResult("cpu", artifact=code)
+
+    monkeypatch.setitem(build_module.COMPILERS, "cpu", compile_c)
+    results = build_each([Source("first"), Source("middle"), Source("last")], cache_dir=tmp_path, jobs=3)
+    assert next(results).artifact == "first"
+    last_may_finish.set()
+    assert [r.artifact for r in results] == ["middle", "last"]

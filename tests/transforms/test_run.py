@@ -1,5 +1,6 @@
 import json
 import math
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,6 +63,18 @@ def test_correct_kernel_passes_and_is_timed(built, problem, worker):
     assert result.ok and result.error_kind is None
     assert result.repeats == 25 and 0 < result.min_s <= result.median_s < math.inf and result.iqr_s >= 0
     assert result.max_rel_err < 1e-6
+
+
+def test_a_warmed_worker_runs_the_first_trial_and_one_never_used_is_killed_at_close(built, problem):
+    with Worker() as w:
+        w.warm()
+        [result] = run([trial(built, problem, "correct")], worker=w, warmup=1, repeats=3)
+        assert result.ok and w.starts == 1  # the trial used the process warm() started
+    idle = Worker()
+    idle.warm()
+    process = idle._proc
+    idle.close()  # it never became ready: killed, not waited for until the close timeout
+    assert process is not None and process.returncode == -signal.SIGKILL
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,19 @@
 
 import json
 import math
+import random
+import threading
 from pathlib import Path
 
 import typer
 from typer.testing import CliRunner
 
 from embed.builder import GraphBuilder
-from transforms.tune import tune
+from transforms import build
+from transforms import tune as tune_module
+from transforms.results import BuildResult, RunResult
+from transforms.space import RecipeSpace
+from transforms.tune import evaluator, make_task, tasks_of, tune
 from tunebank.cli.tune import tune_command
 
 
@@ -45,3 +51,44 @@ def test_cli_tune(tmp_path: Path, monkeypatch) -> None:
     assert [r["kind"] for r in rows] == ["contraction", "reduction"] and all(r["evaluated"] == 3 for r in rows)
     bad = runner.invoke(app, [str(path), "--strategy", "nope"])
     assert bad.exit_code == 2 and "unknown strategy" in bad.output
+
+
+def _candidates_and_trials_seen(tmp_path: Path, monkeypatch, backend: str) -> list[int]:
+    """How many candidates had compiled when each trial reached the runner (compiles and runs faked); the last
+    candidate's compile waits (up to 5 s) for the first trial to be run."""
+    task = make_task(tasks_of(_graph())[0].graph)
+    space = RecipeSpace(task.program, backend)
+    rng = random.Random(0)
+    recipes = list(dict.fromkeys([space.default, *(space.sample(rng) for _ in range(40))]))[:3]
+    compiled: list[str] = []
+    first_trial_ran = threading.Event()
+
+    def compile_fake(code, **_):
+        if len(compiled) == 2:
+            first_trial_ran.wait(5)
+        compiled.append(code)
+        return BuildResult(backend, artifact=f"k{len(compiled)}")
+
+    seen: list[int] = []
+
+    def run_fake(trials, **_):
+        results = []
+        for _ in trials:
+            seen.append(len(compiled))
+            first_trial_ran.set()
+            results.append(RunResult(ok=True, median_s=1e-3, min_s=1e-3, repeats=3))
+        return results
+
+    monkeypatch.setitem(build.COMPILERS, backend, compile_fake)
+    monkeypatch.setattr(tune_module, "run", run_fake)
+    assert len(evaluator(task, backend=backend, cache_dir=tmp_path, jobs=1)(recipes)) == 3
+    return seen
+
+
+def test_on_cpu_every_candidate_compiles_before_any_is_timed(tmp_path: Path, monkeypatch) -> None:
+    # compilers would take the cores the timed cpu kernels run on
+    assert _candidates_and_trials_seen(tmp_path, monkeypatch, "cpu") == [3, 3, 3]
+
+
+def test_on_cuda_the_first_candidate_runs_while_the_others_compile(tmp_path: Path, monkeypatch) -> None:
+    assert _candidates_and_trials_seen(tmp_path, monkeypatch, "cuda")[0] < 3
