@@ -16,6 +16,7 @@ for a GEMM, chosen by NVIDIA's model of the device and compiling no kernel of ou
     result.winner, result.winner_s, result.evaluations, [(n.distance, n.changes) for n in result.neighbours]
 """
 
+import functools
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -110,9 +111,11 @@ def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task
     return out
 
 
+@functools.lru_cache(maxsize=512)
 def _own_space(ir_json: str, backend: str) -> RecipeSpace | None:
     """The recipe space of a stored subgraph; None where its document no longer loads (stored by an older IR
-    version): its recipes then get no variants."""
+    version): its recipes then get no variants. Kept per document: a model's subgraphs share neighbours, and a
+    space takes tens of milliseconds to build."""
     try:
         return RecipeSpace(lower(graph_from_json(ir_json)), backend)
     except EmbedError:

@@ -112,6 +112,8 @@ def test_fill_first_tries_the_knobs_a_stored_recipe_predates(monkeypatch: pytest
     assert [t.origin for t in result.tried].count("random") == 2
     assert service.transfer._own_space('{"not": "a graph"}', "cpu") is None  # an old document: no variants
     assert service.transfer._own_space(query.graph.to_json(), "cpu").dims == space.dims
+    assert service.transfer._own_space(query.graph.to_json(), "cpu") is service.transfer._own_space(
+        query.graph.to_json(), "cpu")  # built once per document
 
 
 def test_fill_takes_the_vendor_libraries_ranking_before_random_recipes(monkeypatch: pytest.MonkeyPatch) -> None:
