@@ -482,7 +482,8 @@ def _geomean(values: Sequence[float]) -> float | None:
 
 
 def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None) -> str:
-    """The markdown table of a checkpoint: per model and column ms, speedup vs eager, compile s, max rel err."""
+    """The markdown table of a checkpoint: per model and column ms, speedup vs eager, compile s, max rel err; the
+    geomean speedups, and tunebank's over each other column by absolute time."""
     results: dict[str, dict[str, Any]] = data["results"]
     present = {c for cols in results.values() for c in cols}
     cols = [c for c in COLUMNS if c in present] + sorted(present - set(COLUMNS))
@@ -526,12 +527,30 @@ def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None) 
         if c != "eager" and g is not None:
             lines.append(f"- {c}: geomean speedup over eager {g:.2f}x over {len(speedups[c])} models "
                          f"(min {min(speedups[c]):.2f}x, max {max(speedups[c]):.2f}x)")
+    lines += _tunebank_by_ms(results, cols)
     problems = [f"{m} / {c}: {e.get('status')}: {e.get('error') or e.get('note', '')}"
                 for m, es in results.items() for c, e in es.items() if e.get("status") not in ("ok",)]
     problems += [f"{m} / {c}: not run" for m, es in results.items() for c in cols if c not in es]
     if problems:
         lines += ["", "Not measured:", ""] + [f"- {p}" for p in problems]
     return "\n".join(lines) + "\n"
+
+
+def _tunebank_by_ms(results: dict[str, dict[str, Any]], cols: Sequence[str]) -> list[str]:
+    """tunebank against each other compiled column by absolute time (column ms / tunebank ms, > 1: tunebank faster),
+    over the models where both ran: the comparison that holds when the columns' paired eagers ran on differently
+    loaded hosts (columns with a CUDA graph are GPU-bound; a merged checkpoint may hold them from different calls)."""
+    out = []
+    for c in cols:
+        if c in ("eager", "tunebank"):
+            continue
+        ratios = [es[c]["ms"] / es["tunebank"]["ms"] for es in results.values()
+                  if es.get(c, {}).get("status") == "ok" and es.get("tunebank", {}).get("status") == "ok"]
+        g = _geomean(ratios)
+        if g is not None:
+            out.append(f"- tunebank over {c} by ms: geomean {g:.2f}x over {len(ratios)} models "
+                       f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+    return out
 
 
 def _origin(model: str) -> str:

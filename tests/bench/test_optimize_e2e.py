@@ -127,6 +127,21 @@ def test_report_table_speedups_and_missing() -> None:
     assert "NVIDIA H200" in text and "abc1234" in text and "m2 / max-autotune: error: boom" in text
     assert "m3 / max-autotune: not run" in text
     assert text.index("default ms") < text.index("max-autotune ms")  # COLUMNS order
+    assert "by ms" not in text  # no tunebank column
+
+
+def test_report_compares_tunebank_with_the_other_columns_by_absolute_time() -> None:
+    def ok(ms: float, eager_ms: float) -> dict[str, Any]:
+        return {"status": "ok", "ms": ms, "eager_ms": eager_ms}
+
+    data = {"schema": e2e.SCHEMA, "runs": [], "results": {
+        "m1": {"default": ok(2.0, 4.0), "max-autotune": ok(1.0, 9.0), "tunebank": ok(1.0, 4.0)},
+        "m2": {"default": ok(1.0, 1.0), "max-autotune": ok(4.0, 5.0), "tunebank": ok(2.0, 1.0)},
+        "m3": {"default": ok(3.0, 3.0), "max-autotune": {"status": "error", "error": "x"}, "tunebank": ok(1.5, 3.0)}}}
+    text = e2e.report(data)
+    # default / tunebank: 2, 0.5, 2 -> geomean 2**(1/3); max-autotune / tunebank: 1, 2 (m3 did not run) -> sqrt(2)
+    assert "tunebank over default by ms: geomean 1.26x over 3 models (min 0.50x, max 2.00x)" in text
+    assert "tunebank over max-autotune by ms: geomean 1.41x over 2 models (min 1.00x, max 2.00x)" in text
 
 
 def test_input_copies_and_error_measure() -> None:
