@@ -13,7 +13,7 @@ host's.
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,20 @@ def reference_dtype(program: LoopProgram) -> type[np.floating]:
 def make_problem(graph: Graph, program: LoopProgram, *, seed: int = 0, xp: Any = np) -> Problem:
     """Random inputs (in their storage dtypes), reference outputs (float32 or float64: :func:`reference_dtype`) and
     tolerances, as arrays of ``xp`` (NumPy, or CuPy: built on the GPU)."""
+    problem, raise_tolerances = make_problem_lazily(graph, program, seed=seed, xp=xp)
+    problem.tolerance, problem.tf32 = raise_tolerances()
+    return problem
+
+
+RaiseTolerances = Callable[[], tuple[dict[str, float], dict[str, float]]]
+
+
+def make_problem_lazily(graph: Graph, program: LoopProgram, *, seed: int = 0, xp: Any = np) \
+        -> tuple[Problem, RaiseTolerances]:
+    """:func:`make_problem`'s problem with the dtype's tolerances only, and the function that computes its raised
+    ones, (float32 tolerance, TF32 tolerance) by output: what a plain float32 evaluation errs (and, for a convolution,
+    one with TF32-rounded operands) costs another evaluation of the program, which only a candidate that fails the
+    dtype's tolerance needs (the raised tolerances are never below it)."""
     sig = signature(program, compute_dtype(program))
     stored = stored_inputs(graph, program, seed=seed, xp=xp)
     precision = reference_dtype(program)
@@ -75,15 +89,20 @@ def make_problem(graph: Graph, program: LoopProgram, *, seed: int = 0, xp: Any =
     inputs = {sig.names[n]: stored[n] for n in program.inputs if n in sig.names}
     outputs = {sig.names[n]: reference[n] for n in program.outputs}
     tolerance = tolerances(program, sig.names, values)
-    tf32: dict[str, float] = {}
-    if precision is np.float64:
+
+    def raise_tolerances() -> tuple[dict[str, float], dict[str, float]]:
+        if precision is not np.float64:
+            return dict(tolerance), {}
         plain = _values(program, stored, np.float32, xp)
-        tolerance = _raised(program, sig.names, plain, reference, tolerance, xp)
+        raised = _raised(program, sig.names, plain, reference, tolerance, xp)
         conv = match_convolution(program)
-        if conv is not None:  # what eager's own TF32 convolution errs: its operands rounded as the tensor cores do
-            rounded = {n: to_tf32(v, xp) if n in (conv.x, conv.w) else v for n, v in plain.items()}
-            tf32 = _raised(program, sig.names, rounded, reference, {}, xp)
-    return Problem(inputs, outputs, tolerance, tf32)
+        if conv is None:
+            return raised, {}
+        # what eager's own TF32 convolution errs: its operands rounded as the tensor cores do
+        rounded = {n: to_tf32(v, xp) if n in (conv.x, conv.w) else v for n, v in plain.items()}
+        return raised, _raised(program, sig.names, rounded, reference, {}, xp)
+
+    return Problem(inputs, outputs, dict(tolerance), {}), raise_tolerances
 
 
 def to_tf32(values: Any, xp: Any = np) -> Any:
@@ -128,10 +147,17 @@ def described_problem(graph: Graph, program: LoopProgram, *, seed: int = 0) -> P
 def problem_from_spec(spec: Any, xp: Any = np) -> Problem:
     """The problem a spec (``Problem.spec``: ``{"graph": graph document, "seed": int}``) describes, as arrays of
     ``xp``; ValueError (``InvalidGraphError`` for the graph) says what is wrong with a bad spec."""
+    problem, raise_tolerances = problem_from_spec_lazily(spec, xp)
+    problem.tolerance, problem.tf32 = raise_tolerances()
+    return problem
+
+
+def problem_from_spec_lazily(spec: Any, xp: Any = np) -> tuple[Problem, RaiseTolerances]:
+    """:func:`problem_from_spec` as :func:`make_problem_lazily` gives it: the raised tolerances when asked."""
     if not isinstance(spec, Mapping) or set(spec) != {"graph", "seed"} or type(spec["seed"]) is not int:
         raise ValueError(f"a problem spec is {{'graph': <graph document>, 'seed': <int>}}, not {str(spec)[:200]}")
     graph = validated(Graph, spec["graph"], "graph of a problem spec")
-    return make_problem(graph, lower(graph), seed=spec["seed"], xp=xp)
+    return make_problem_lazily(graph, lower(graph), seed=spec["seed"], xp=xp)
 
 
 def tolerances(program: LoopProgram, names: dict[str, str], inputs: Mapping[str, Any] | None = None) \

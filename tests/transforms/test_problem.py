@@ -195,6 +195,8 @@ def test_a_described_problem_and_the_worker_raise_the_tolerance_as_make_problem_
     assert described.tolerance == tolerances(program, signature(program, compute_dtype(program)).names)
     assert described.tolerance != made.tolerance and not described.tf32 and made.tf32
     loaded = LoadedProblem.open({"spec": described.spec})  # a cuda worker builds it from the spec
+    assert (loaded.tolerance, loaded.tf32) == (described.tolerance, {})  # raised only for a candidate that needs it
+    assert loaded.raise_tolerances() and not loaded.raise_tolerances()  # computed once
     assert (loaded.tolerance, loaded.tf32) == (made.tolerance, made.tf32)
     assert described.inputs  # the host arrays (a cpu trial) are built on first read, and the tolerances with them
     assert (described.tolerance, described.tf32) == (made.tolerance, made.tf32)

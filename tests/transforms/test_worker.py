@@ -104,3 +104,30 @@ def test_a_long_call_is_timed_without_warm_up():
     assert len(calls) == 3
     worker.CpuBackend().time(lambda: calls.append(1), warmup=5, repeats=3, call_s=0.0)
     assert len(calls) == 3 + 8
+
+
+SCALE_KERNEL = "void k(const float* a, float* out) { for (int i = 0; i < 256; i++) out[i] = a[i] * %sf; }"
+
+
+@pytest.mark.parametrize("factor,raised,ok", [("1.0f", None, True), ("1.0005f", 1e-3, True),
+                                              ("1.0005f", 2e-4, False)])
+def test_a_raised_tolerance_is_computed_only_for_a_candidate_that_fails_the_dtypes(tmp_path, factor, raised, ok):
+    from transforms.build import Source, build
+
+    [built] = build([Source(SCALE_KERNEL % factor.removesuffix("f"))], cache_dir=tmp_path)
+    a = np.random.default_rng(0).uniform(1, 2, 256).astype(np.float32)
+    asked = []
+
+    def raise_tolerances():
+        asked.append(1)
+        return {"out": raised}, {}
+
+    problem = worker.LoadedProblem("p", {"a": a}, {"out": a.astype(np.float64)}, raise_tolerances=raise_tolerances)
+    launch = Launch("k", (Buffer("a", (256,), "float32"), Buffer("out", (256,), "float32", "output")))
+    message = {"backend": "cpu", "artifact": built.artifact, "launches": [launch.to_json()],
+               "tolerance": {"out": 1e-4}, "warmup": 0, "repeats": 3}
+    result, _ = worker.execute(message, problem)
+    assert result.ok == ok
+    assert len(asked) == (0 if raised is None else 1)  # an exact kernel never pays for the raised tolerances
+    if not ok:
+        assert result.error_kind == "wrong" and "tolerance 0.0002" in result.error  # the raised one, still over
