@@ -296,3 +296,50 @@ MUTANTS += [
            "                if self.config.database == \"strong\":", "                if False:",
            ("tests/service/test_bench_transfer.py",)),
 ]
+
+ATT = ("tests/transforms/test_attention.py",)
+FUSE = ("tests/service/test_fused_attention.py",)
+MUTANTS += [
+    # fused attention, overlapped waits, raised tolerances on demand (thirteenth session)
+    Mutant("attention-div-as-mul", "a softmax's division by c taken as a scale of c", "transforms/attention.py",
+           "scale * other.value[0] if node.op == \"mul\" else scale / other.value[0]",
+           "scale * other.value[0]", ATT),
+    Mutant("attention-mask-before-scale", "a mask added before the scaling is fused (it would be scaled too)",
+           "transforms/attention.py", "and mask is None and (node.op == \"mul\"", "and (node.op == \"mul\"", ATT),
+    Mutant("attention-scores-shared", "scores another subgraph reads are fused away", "transforms/attention.py",
+           "readers.get(scores) != {r} or ", "", ATT),
+    Mutant("attention-mask-dropped", "the fused call ignores the mask", "transforms/attention.py",
+           "attn_mask=mask, scale", "attn_mask=None, scale", ATT),
+    Mutant("attention-unvalidated", "a fused call that errs is kept", "transforms/attention.py",
+           "if not error <= tolerance:", "if False:", ATT),
+    Mutant("attention-verify-lax", "verify takes any attention step", "transforms/plan.py",
+           "if found is None or tuple(step.folded) != found.folded or set(found.folded) & set(folds):",
+           "if found is None:", ATT),
+    Mutant("fuse-without-margin", "the fused attention kept when slower", "service/fused_attention.py",
+           "trial.seconds * (1 + margin) < total", "trial.seconds * (1 + margin) > total", FUSE),
+    Mutant("fuse-untimed-steps", "an attention with an untimed step is fused", "service/fused_attention.py",
+           "        if any(s is None for s in apart):\n            continue", "", FUSE),
+    Mutant("build-each-waits-for-all", "build_each yields only once every source compiled", "transforms/build.py",
+           "        for future in [pool.submit(one, source) for source in sources]:\n            yield future.result()",
+           "        done = [f.result() for f in [pool.submit(one, source) for source in sources]]\n"
+           "        yield from done", ("tests/transforms/test_build.py",)),
+    Mutant("tune-cpu-streams", "cpu candidates are timed while others compile", "transforms/tune.py",
+           "built = builds if backend == \"cuda\" else iter(list(builds))", "built = builds",
+           ("tests/transforms/test_tune.py",)),
+    Mutant("warm-worker-waited-for", "a warmed, unused worker is waited for at close", "transforms/run.py",
+           "            if not self._ready:  # warmed and never used: nothing to finish\n"
+           "                self._proc.kill()\n            elif", "            if", ("tests/transforms/test_run.py",)),
+    Mutant("raised-tolerance-never", "a candidate failing the dtype's tolerance is never held to the raised one", W,
+           "if kind == \"wrong\" and error is not None and problem.raise_tolerances():",
+           "if False:", ("tests/transforms/test_worker.py",)),
+    Mutant("raised-tolerance-always", "the raised tolerances are computed for every problem at load",
+           "transforms/worker.py", "return cls(source, built.inputs, built.reference, built.tolerance, built.tf32, "
+           "raise_tolerances)", "return cls(source, built.inputs, built.reference, *raise_tolerances())",
+           ("tests/transforms/test_problem.py",)),
+    Mutant("by-ms-inverted", "the report's by-ms ratio is tunebank over the column", "bench/optimize_e2e.py",
+           "ratios = [es[c][\"ms\"] / es[\"tunebank\"][\"ms\"]", "ratios = [es[\"tunebank\"][\"ms\"] / es[c][\"ms\"]",
+           ("tests/bench/test_optimize_e2e.py",)),
+    Mutant("merge-first-wins", "merge keeps the entry started first", "bench/optimize_e2e.py",
+           "entry.get(\"started\", \"\") > held.get(\"started\", \"\")",
+           "entry.get(\"started\", \"\") < held.get(\"started\", \"\")", ("tests/bench/test_optimize_e2e.py",)),
+]

@@ -110,6 +110,8 @@ def test_verify_refuses_an_attention_step_its_subgraphs_do_not_form() -> None:
     with pytest.raises(PlanError, match="attention"):  # the softmax step claiming to be the attention
         verify(Plan(graph, (steps[0], Step(steps[1].structural_hash, "attention", folded=(0, 2)),
                             Step(steps[2].structural_hash, "folded")), plan.target))
+    with pytest.raises(PlanError, match="attention"):  # its folds listed otherwise than the partition gives them
+        verify(Plan(graph, (*steps[:2], Step(steps[2].structural_hash, "attention", folded=(1, 0))), plan.target))
     with pytest.raises(PlanError):  # an attention that folds only the scores: the softmax step claims no runner
         verify(Plan(graph, (steps[0], Step(steps[1].structural_hash, "eager"),
                             Step(steps[2].structural_hash, "attention", folded=(0,))), plan.target))
