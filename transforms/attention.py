@@ -122,7 +122,8 @@ def _softmax(sub: Subgraph, scores: str) -> tuple[str | None, float] | None:
     current, mask, scale = scores, None, 1.0
     for node in body:
         others = [t for t in node.inputs if t != current]
-        if len(node.inputs) != 2 or len(others) != 1:
+        if len(node.inputs) != 2 or len(others) != 1 \
+                or graph.tensors[node.outputs[0]].shape != graph.tensors[scores].shape:  # a mask broadcasts, no more
             return None
         other = graph.tensors[others[0]]
         constant = other.role == TensorRole.CONST and other.value is not None and len(other.value) == 1

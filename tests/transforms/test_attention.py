@@ -24,10 +24,11 @@ B, H, L, D = 2, 3, 16, 8
 
 
 def attention_graph(*, scale: str = "mul", mask: bool = True, mask_first: bool = False,
-                    scores_out: bool = False, scores_read: bool = False) -> Graph:
+                    scores_out: bool = False, scores_read: bool = False, wide_mask: bool = False) -> Graph:
     """softmax(q @ k^T (* 0.25 | / 4) [+ m]) @ v over (B, H, L, D) inputs, m a (L, L) weight; ``mask_first``: the
     mask is added before the scaling; ``scores_out``: the scores are a model output too; ``scores_read``: another
-    subgraph reads the scores (s @ v is a second output)."""
+    subgraph reads the scores (s @ v is a second output); ``wide_mask``: a (2, B, H, L, L) mask, which broadcasts the
+    scores up (two attentions' worth: no one fused call)."""
     g = GraphBuilder("attn")
     q, k, v = (g.input(n, (B, H, L, D), "float32") for n in ("q", "k", "v"))
     s = g.node("matmul", [q, k], (B, H, L, L), "float32", name="s", transpose_b=True)
@@ -38,10 +39,12 @@ def attention_graph(*, scale: str = "mul", mask: bool = True, mask_first: bool =
         x = g.node("mul", [x, g.const(0.25, "float32")], (B, H, L, L), "float32")
     elif scale == "div":
         x = g.node("div", [x, g.const(4.0, "float32")], (B, H, L, L), "float32")
+    wide = (2,) if wide_mask else ()
     if mask and not mask_first:
-        x = g.node("add", [x, g.param("m", (L, L), "float32")], (B, H, L, L), "float32")
-    p = g.node("softmax", [x], (B, H, L, L), "float32", axis=-1)
-    out = g.node("matmul", [p, v], (B, H, L, D), "float32", name="out", transpose_b=False)
+        x = g.node("add", [x, g.param("m", (*wide, B, H, L, L) if wide else (L, L), "float32")], (*wide, B, H, L, L),
+                   "float32")
+    p = g.node("softmax", [x], (*wide, B, H, L, L), "float32", axis=-1)
+    out = g.node("matmul", [p, v], (*wide, B, H, L, D), "float32", name="out", transpose_b=False)
     if scores_read:
         return g.build([out, g.node("matmul", [s, v], (B, H, L, D), "float32", name="w")])
     return g.build([out, s] if scores_out else [out])
@@ -71,7 +74,7 @@ def test_an_attention_is_three_subgraphs_with_its_scale_and_mask(scale: str) -> 
 def test_no_attention_where_the_fused_call_would_compute_something_else() -> None:
     # the mask added before the scaling is scaled too; the scores read by the model besides the softmax
     for graph in (attention_graph(mask_first=True), attention_graph(scores_out=True),
-                  attention_graph(scores_read=True)):
+                  attention_graph(scores_read=True), attention_graph(wide_mask=True)):
         assert attention.find(graph, partition_nodes(graph)) == []
     (plain,) = attention.find(g := attention_graph(scale="none", mask=False), partition_nodes(g))
     assert plain.mask is None and plain.scale == 1.0
