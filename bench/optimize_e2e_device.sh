@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call of bench/optimize_e2e.py: columns $COLUMNS over $ONLY (default: every held-out model) into
-# $OUT/$NAME.json (resuming $RESUME when set; with RETRY=1 measuring its unfinished entries again), stopping by $DEADLINE seconds. The GPU machine lacks the database
-# packages, so they come as wheels in .whl (pip download --only-binary=:all: --python-version 3.12 --platform
-# manylinux2014_x86_64 --no-deps sqlalchemy alembic mako faiss-cpu pydantic pydantic-core pydantic-settings
+# $OUT/$NAME.json (resuming $RESUME when set; with RETRY=1 measuring its unfinished entries again), stopping by
+# $DEADLINE seconds. The GPU machine lacks the database packages, so they come as wheels in .whl (pip download
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --no-deps sqlalchemy alembic mako
+# faiss-cpu pydantic pydantic-core pydantic-settings
 # python-dotenv safetensors annotated-types typing-inspection packaging), and the tunebank column's database comes as
 # $DB, built from a transfer recording whose models exclude the held-out ones (bench/README.md says how):
 #   out/h200.db (default): bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db, run in a checkout
@@ -18,6 +19,7 @@ mkdir -p $TMP/py && for w in .whl/*.whl; do python -m zipfile -e "$w" $TMP/py; d
 export PYTHONPATH=$TMP/py:$PWD
 cp "${DB:-out/h200.db}" $TMP/e2e.db
 MODELS=$(python -c "import sys; sys.path.insert(0,'.'); from bench.e2e_models import MODELS; print(','.join(MODELS))")
-TUNEBANK_E2E_DB=$TMP/e2e.db python bench/optimize_e2e.py ${RESUME:+--resume $RESUME} ${RETRY:+--retry-unfinished} --out "$OUT/$NAME" \
-  --columns "$COLUMNS" --deadline "${DEADLINE:-500}" --models "${ONLY:-$MODELS}" --commit "${COMMIT:-unknown}" 2>&1 \
+TUNEBANK_E2E_DB=$TMP/e2e.db python bench/optimize_e2e.py ${RESUME:+--resume $RESUME} ${RETRY:+--retry-unfinished} \
+  --out "$OUT/$NAME" --columns "$COLUMNS" --deadline "${DEADLINE:-500}" --models "${ONLY:-$MODELS}" \
+  --commit "${COMMIT:-unknown}" 2>&1 \
   | grep -v "Warning\|warnings.warn\|capture_end" | tee "$OUT/$NAME.log" | tail -40

@@ -53,19 +53,36 @@ class Attention:
         return self.parts[0], self.parts[1]
 
 
+@dataclass(frozen=True)
+class _Flow:
+    """Which subgraph of a partition makes each model tensor, and which subgraphs read it."""
+
+    made: dict[str, int]
+    readers: dict[str, set[int]]
+
+    @classmethod
+    def of(cls, parts: Parts) -> _Flow:
+        readers: dict[str, set[int]] = {}
+        for n, (s, _) in enumerate(parts):
+            for t in s.source_inputs:
+                readers.setdefault(t, set()).add(n)
+        return cls({t: n for n, (s, _) in enumerate(parts) for t in s.source_outputs}, readers)
+
+
 def find(graph: Graph, parts: Parts) -> list[Attention]:
     """Every attention of ``graph`` (partitioned into ``parts``), by output subgraph."""
-    found = (match(graph, parts, k) for k in range(len(parts)))
+    flow = _Flow.of(parts)
+    found = (_match(graph, parts, k, flow) for k in range(len(parts)))
     return [a for a in found if a is not None]
 
 
 def match(graph: Graph, parts: Parts, k: int) -> Attention | None:
     """The attention whose output matmul is subgraph ``k``, or None."""
-    made = {t: n for n, (s, _) in enumerate(parts) for t in s.source_outputs}
-    readers: dict[str, set[int]] = {}
-    for n, (s, _) in enumerate(parts):
-        for t in s.source_inputs:
-            readers.setdefault(t, set()).add(n)
+    return _match(graph, parts, k, _Flow.of(parts))
+
+
+def _match(graph: Graph, parts: Parts, k: int, flow: _Flow) -> Attention | None:
+    made, readers = flow.made, flow.readers
     out = _single_matmul(parts[k][0], transpose_b=False)
     if out is None:
         return None

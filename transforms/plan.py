@@ -30,7 +30,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from embed.errors import EmbedError
 from embed.ir import Graph, graph_from_json
@@ -52,7 +52,6 @@ MAX_PLAN_JSON_BYTES = 256 * 2**20  # uncompressed; a larger member is refused be
 MAX_WEIGHTS_BYTES = 16 * 2**30
 
 Impl = Literal["eager", "kernel", "folded", "attention"]
-IMPLS = ("eager", "kernel", "folded", "attention")
 STORE, LOAD = "store", "load"  # where a folded layout goes: the kernel's store (it reads the kernel) or its loads
 
 
@@ -256,7 +255,7 @@ def plan_from_json(data: Any) -> Plan:
 
 def _step(data: Mapping[str, Any]) -> Step:
     impl = data["impl"]
-    if impl not in IMPLS:
+    if impl not in get_args(Impl):
         raise ValueError(f"unknown step impl {impl!r}")
     launches = tuple(data.get("launches") or ())
     for launch in launches:

@@ -76,15 +76,17 @@ class LoadedProblem:
 
     def raise_tolerances(self) -> bool:
         """Compute the tolerances a spec's problem raises only when asked (``transforms.problem.make_problem_lazily``:
-        another evaluation of the program), merging them in; whether there were any still to compute."""
+        another evaluation of the program), merging them in; whether any tolerance rose (False once computed)."""
         if self._raise is None:
             return False
         tolerance, tf32 = self._raise()
         self._raise = None
+        rose = False
         for known, raised in ((self.tolerance, tolerance), (self.tf32, tf32)):
             for name, value in raised.items():
+                rose |= value > known.get(name, 0.0)
                 known[name] = max(known.get(name, 0.0), value)
-        return True
+        return rose
 
     @classmethod
     def open(cls, source: str | dict[str, Any], xp: Any = np) -> "LoadedProblem":
