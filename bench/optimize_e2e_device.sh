@@ -16,6 +16,8 @@
 set -u
 TMP=/tmp/e2e-$NAME
 mkdir -p $TMP/py && for w in .whl/*.whl; do python -m zipfile -e "$w" $TMP/py; done
+# bytecode compiled ahead, as pip install does: otherwise each process (optimize's worker, too) compiles what it imports
+python -m compileall -q -j 0 $TMP/py embed transforms service db tunebank > /dev/null
 export PYTHONPATH=$TMP/py:$PWD
 cp "${DB:-out/h200.db}" $TMP/e2e.db
 MODELS=$(python -c "import sys; sys.path.insert(0,'.'); from bench.e2e_models import MODELS; print(','.join(MODELS))")

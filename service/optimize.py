@@ -156,14 +156,28 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     search = _Search(ctx, store.device_id, stages)
     kernels = _Kernels(ctx.backend)
     count = {h: sum(s.structural_hash == h for s in subgraphs) for h in distinct}
-    for n, (h, subgraph) in enumerate(distinct.items()):
+    rows = [SubgraphReport(f"{graph.name} #{n} ({'+'.join(s.ops)[:60]})", s.kind.value, h, s.ops, count[h],
+                           "not tunable", s.not_tunable_reason) for n, (h, s) in enumerate(distinct.items())]
+    started = time.perf_counter()
+    transfers = {h: stored for (h, s), row in zip(distinct.items(), rows, strict=True)
+                 if s.tunable and (stored := _look_up(s, row, ctx, store, kernels, config)) is not None}
+    tasks = {h: replace(make_task(distinct[h], seed=config.seed), key=h) for h in transfers}
+    stages.add("lookup", started)
+    if progress:
+        progress(0, len(distinct), "eager timings")
+    started = time.perf_counter()
+    for h, task in tasks.items():  # on the GPU before the worker builds problems there, so nothing runs beside them
+        measurer.eager(task, h)
+    stages.add("eager", started)
+    worker.prepare([task.problem for task in tasks.values()], ctx.backend)
+    for n, ((h, subgraph), row) in enumerate(zip(distinct.items(), rows, strict=True)):
         if progress:
             progress(n, len(distinct), "+".join(subgraph.ops)[:60])
-        row = SubgraphReport(f"{graph.name} #{n} ({'+'.join(subgraph.ops)[:60]})", subgraph.kind.value, h,
-                             subgraph.ops, count[h], "not tunable", subgraph.not_tunable_reason)
-        if subgraph.tunable:
-            _tune(subgraph, row, ctx, store, measurer, search, kernels, config, stages)
+        if h in tasks:
+            measurer.table.results.setdefault(h, {}).update(transfers[h])  # an interrupted run's are not run again
+            _transfer(subgraph, tasks[h], row, ctx, store, measurer, search, config, stages)
         report.subgraphs.append(row)
+    report.built_ahead = worker.settle()  # the worker builds nothing more: the parent times on the GPU from here
     if progress:
         progress(len(distinct), len(distinct), "plan")
     started = time.perf_counter()
@@ -311,26 +325,31 @@ def _promoted_encoder(ctx: Context, device_id: int) -> Encoder | None:
     return fitted
 
 
-def _tune(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: MeasurementStore, measurer: Measurer,
-          search: _Search, kernels: _Kernels, config: OptimizeConfig, stages: _Stages) -> None:
-    h = subgraph.structural_hash
-    subgraph_id, device_id = store.ids[h], store.device_id
-    started = time.perf_counter()
+def _look_up(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: MeasurementStore, kernels: _Kernels,
+             config: OptimizeConfig) -> dict[str, float | str] | None:
+    """A hit (the database holds the subgraph's best recipe, which still generates a kernel here, and its eager
+    time) fills ``row`` and gives None; otherwise the subgraph's stored measurements (what an interrupted run
+    measured)."""
+    subgraph_id, device_id = store.ids[subgraph.structural_hash], store.device_id
     with ctx.database.scope() as session:
         best = best_recipes(session, device_id=device_id, subgraph_ids=[subgraph_id], toolchain=ctx.toolchain)
         eager = eager_times(session, device_id=device_id, toolchain=ctx.toolchain, subgraph_ids=[subgraph_id])
         stored = stored_results(session, subgraph_id=subgraph_id, device_id=device_id, toolchain=ctx.toolchain)
-    stages.add("lookup", started)
     if subgraph_id in best and subgraph_id in eager and kernels.step(subgraph, best[subgraph_id].recipe):
         row.source, row.recipe, row.kernel_s = "hit", best[subgraph_id].recipe, best[subgraph_id].median_s
         row.eager_s = eager[subgraph_id]
         row.candidates = [{"recipe": row.recipe, "origin": "stored", "seconds": row.kernel_s, "error": None,
                            "message": None}]
         row.choose(config.margin)
-        return
+        return None
+    return stored
+
+
+def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context, store: MeasurementStore,
+              measurer: Measurer, search: _Search, config: OptimizeConfig, stages: _Stages) -> None:
+    h = subgraph.structural_hash
+    subgraph_id, device_id = store.ids[h], store.device_id
     row.source = "transfer"
-    measurer.table.results.setdefault(h, {}).update(stored)  # what an interrupted run measured is not run again
-    task = replace(make_task(subgraph, seed=config.seed), key=h)
     search.open()
     started = time.perf_counter()
     near: list[Neighbour] = []

@@ -57,6 +57,7 @@ class OptimizeReport:
     model_fallback: bool = False  # the kernels lost as a whole: every subgraph runs eagerly
     measured: int = 0  # kernels measured in this run
     folds_measured: int = 0  # of those, kernels with a layout step folded in, tried while making the plan
+    built_ahead: int = 0  # problems the worker built while it waited, before their first trial (cuda)
     attentions: list[dict[str, Any]] = field(default_factory=list)  # service.fused_attention: fused or apart
 
     @property

@@ -307,7 +307,8 @@ class Worker:
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         self._saved: dict[int, tuple[weakref.ref[Problem], Path]] = {}
         self._ready = False
-        self.starts = self.saves = 0
+        self._owed = 0  # acknowledgements of prepare messages not read yet
+        self.starts = self.saves = self.ahead = 0
 
     def __enter__(self) -> "Worker":
         return self
@@ -334,12 +335,55 @@ class Worker:
             self._saved.pop(next(iter(self._saved)))[1].unlink(missing_ok=True)
         return str(known[1])
 
+    def spec_source(self, problem: Problem, backend: str) -> dict[str, Any] | None:
+        """``{"spec": ...}`` when a ``backend`` trial sends ``problem`` as its spec (cuda, a problem with a spec: the
+        worker builds it on the GPU), else None."""
+        return {"spec": problem.spec} if backend == "cuda" and problem.spec is not None else None
+
     def problem_source(self, problem: Problem, backend: str) -> str | dict[str, Any]:
-        """What a ``backend`` trial tells the worker to load ``problem`` from: ``{"spec": ...}`` for cuda when the
-        problem has a spec (the worker builds it on the GPU), else the path of the saved problem."""
-        if backend == "cuda" and problem.spec is not None:
-            return {"spec": problem.spec}
-        return self.problem_file(problem)
+        """What a ``backend`` trial tells the worker to load ``problem`` from: its spec (:meth:`spec_source`), else
+        the path of the saved problem."""
+        return self.spec_source(problem, backend) or self.problem_file(problem)
+
+    def prepare(self, problems: Sequence[Problem], backend: str) -> None:
+        """Tell the worker which problems ``backend`` trials ask for next, in order: it builds those sent as specs
+        while it waits for trials (``transforms.worker.Problems``), so building them overlaps the caller's own work
+        (candidates generated and compiled). Not waited for; a worker that cannot start is left to the next trial."""
+        sources = [s for p in problems if (s := self.spec_source(p, backend)) is not None]
+        if sources:
+            self._send({"prepare": sources, "backend": backend})
+
+    def settle(self) -> int:
+        """Drop the problems prepared and wait until the worker has stopped building them (a caller about to time on
+        the GPU itself wants no work of the worker's beside it); how many trials found their problem built ahead."""
+        if self._proc is not None and self._send({"prepare": [], "backend": "cpu"}):
+            try:
+                self._acknowledged(CLOSE_TIMEOUT_S + self.startup_timeout_s)
+            except (TimeoutError, EOFError):
+                self._proc.kill()
+                self._stop()
+        return self.ahead
+
+    def _send(self, message: dict[str, Any]) -> bool:
+        """Send a ``prepare`` message, whose acknowledgement is read before the next reply; whether it went."""
+        try:
+            self._start()
+            assert self._proc is not None and self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self._proc.stdin.flush()
+        except (TimeoutError, EOFError, BrokenPipeError):
+            if self._proc is not None:
+                self._proc.kill()
+            self._stop()
+            return False
+        self._owed += 1
+        return True
+
+    def _acknowledged(self, timeout_s: float) -> None:
+        """Read the acknowledgements of the ``prepare`` messages sent."""
+        while self._owed:
+            self.ahead = int(self._read(timeout_s)["ahead"])
+            self._owed -= 1
 
     def close(self) -> None:
         """Stop the worker process (if any) and delete the saved problems."""
@@ -361,6 +405,7 @@ class Worker:
                     self._proc.kill()
             self._proc.wait()
             self._proc = None
+        self._owed = 0
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
@@ -421,6 +466,7 @@ class Worker:
             assert self._proc is not None and self._proc.stdin is not None
             self._proc.stdin.write(json.dumps(message).encode() + b"\n")
             self._proc.stdin.flush()
+            self._acknowledged(timeout_s)
             reply = self._read(timeout_s)
         except TimeoutError:
             assert self._proc is not None

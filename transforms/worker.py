@@ -8,6 +8,7 @@ Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a p
 import ctypes
 import json
 import os
+import select
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -399,8 +400,79 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
     return check(output, reference, max(tolerance, own.get(b.name, 0.0)), xp, dtype=b.dtype)
 
 
+#: Problems built ahead of their first trial that the worker holds at most (each keeps its arrays on the device).
+AHEAD = 4
+
+
+class Problems:
+    """The problem trials run on now, and those a ``prepare`` message said come next (``Worker.prepare``): built in
+    order, at most :data:`AHEAD` at a time, while no message waits, so a trial finds its problem built. A problem that
+    fails to build ahead is built again when a trial asks for it, which then fails with the reason."""
+
+    def __init__(self) -> None:
+        self.current: LoadedProblem | None = None
+        self.coming: dict[str, tuple[str | dict[str, Any], str]] = {}  # key -> (source, backend), in order
+        self.built: dict[str, LoadedProblem] = {}
+        self.ahead = 0  # problems a trial found built ahead
+
+    def prepare(self, sources: Sequence[str | dict[str, Any]], backend: str) -> None:
+        """Expect ``sources`` next (replacing what was expected); those already built stay."""
+        self.coming = {_key(s): (s, backend) for s in sources}
+        self.built = {k: p for k, p in self.built.items() if k in self.coming}
+
+    def pending(self) -> bool:
+        """Whether a problem is waiting to be built ahead."""
+        return len(self.built) < AHEAD and any(k not in self.built for k in self.coming)
+
+    def build_next(self) -> None:
+        key = next(k for k in self.coming if k not in self.built)
+        source, backend = self.coming[key]
+        try:
+            self.built[key] = LoadedProblem.open(source, _BACKENDS[backend]().xp)
+        except Exception:  # built again, and its failure reported, when a trial asks for it
+            del self.coming[key]
+
+    def get(self, source: str | dict[str, Any], backend: str) -> LoadedProblem:
+        """The problem a trial names: the current one, one built ahead, or built now."""
+        if self.current is None or source != self.current.source:
+            self.current = None  # free the last problem's arrays (and device copies) first
+            key = _key(source)
+            self.coming.pop(key, None)
+            self.current = self.built.pop(key, None)
+            if self.current is not None:
+                self.ahead += 1
+            else:
+                self.current = LoadedProblem.open(source, _BACKENDS[backend]().xp)
+        return self.current
+
+
+def _key(source: str | dict[str, Any]) -> str:
+    return json.dumps(source, sort_keys=True)
+
+
+class Lines:
+    """The JSON lines of a file descriptor, read without blocking when asked (``select``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer, self.closed = fd, b"", False
+
+    def next(self, *, wait: bool) -> dict[str, Any] | None:
+        """The next message; None when none has come (``wait=False``) or the input is closed (``closed``)."""
+        while b"\n" not in self.buffer:
+            if self.closed or not select.select([self.fd], [], [], None if wait else 0)[0]:
+                return None
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                self.closed = True
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line)
+
+
 def main() -> None:
-    """Serve trial messages until stdin closes. Kernel output on stdout is redirected to stderr."""
+    """Serve trial and ``prepare`` messages until stdin closes, building prepared problems while none waits. Kernel
+    output on stdout is redirected to stderr."""
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
 
@@ -409,17 +481,23 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    problem: LoadedProblem | None = None
-    for line in sys.stdin:
-        message = json.loads(line)
-        if problem is None or message["problem"] != problem.source:
-            problem = None  # free the last problem's arrays (and device copies) first
-            try:
-                problem = LoadedProblem.open(message["problem"], _BACKENDS[message["backend"]]().xp)
-            except Exception as e:  # a missing file, a bad spec, a GPU out of memory: this trial's result
-                failure = RunResult.failure("launch", f"cannot load the problem: {type(e).__name__}: {e}")
-                reply({**failure.to_json(), "fatal": False})
-                continue
+    problems, lines = Problems(), Lines(sys.stdin.fileno())
+    while not lines.closed:
+        message = lines.next(wait=not problems.pending())
+        if message is None:
+            if problems.pending():
+                problems.build_next()
+            continue
+        if "prepare" in message:
+            problems.prepare(message["prepare"], message["backend"])
+            reply({"ahead": problems.ahead})
+            continue
+        try:
+            problem = problems.get(message["problem"], message["backend"])
+        except Exception as e:  # a missing file, a bad spec, a GPU out of memory: this trial's result
+            failure = RunResult.failure("launch", f"cannot load the problem: {type(e).__name__}: {e}")
+            reply({**failure.to_json(), "fatal": False})
+            continue
         result, fatal = execute(message, problem)
         reply({**result.to_json(), "fatal": fatal})
         if fatal:

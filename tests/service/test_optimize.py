@@ -215,3 +215,40 @@ def test_a_failed_candidate_says_why_in_the_report(ctx: Context) -> None:
     assert tried and all(c["seconds"] is None and c["error"] == "launch" for c in tried)
     assert {c["message"] for c in tried} == {"CUDADriverError: CUDA_ERROR_INVALID_VALUE (planted)"}
     assert {s.choice for s in result.report.subgraphs if s.candidates} == {"eager"}
+
+
+class RecordingWorker(Worker):
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def prepare(self, problems, backend):
+        self.events.append(f"prepare {len(problems)}")
+        super().prepare(problems, backend)
+
+    def settle(self):
+        self.events.append("settle")
+        return super().settle()
+
+    def request(self, message, timeout_s):
+        self.events.append("trial")
+        return super().request(message, timeout_s)
+
+
+def test_eager_is_timed_before_the_worker_builds_problems_and_the_worker_is_settled_before_the_model_is_timed(
+        ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.measure
+    import service.optimize
+
+    events: list[str] = []
+    eager, choose = service.measure.eager_seconds, service.optimize.choose_runtime
+    monkeypatch.setattr(service.measure, "eager_seconds", lambda *a, **k: events.append("eager") or eager(*a, **k))
+    monkeypatch.setattr(service.optimize, "choose_runtime",
+                        lambda *a, **k: events.append("model") or choose(*a, **k))
+    with RecordingWorker(events) as worker:
+        result = optimize(_graph(WithCumsum()), ctx, worker=worker, config=OptimizeConfig(**FAST))
+    transfers = sum(s.source == "transfer" for s in result.report.subgraphs)
+    assert transfers == 3 and events.count("eager") == transfers
+    assert events[:transfers + 1] == ["eager"] * transfers + [f"prepare {transfers}"]
+    assert "trial" in events and events.index("settle") > max(i for i, e in enumerate(events) if e == "trial")
+    assert events.index("settle") < events.index("model")

@@ -1,6 +1,7 @@
 import json
 import math
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -287,8 +288,8 @@ def test_a_problem_is_saved_once_across_runs_and_survives_a_worker_restart(built
 class SpecWorker(Worker):
     """Sends a problem that has a spec as its spec on every backend (``run`` does so for cuda trials only)."""
 
-    def problem_source(self, problem, backend):
-        return super().problem_source(problem, "cuda")
+    def spec_source(self, problem, backend):
+        return super().spec_source(problem, "cuda")
 
 
 def test_cuda_trials_send_a_described_problems_spec_and_cpu_trials_its_saved_arrays(monkeypatch):
@@ -334,6 +335,37 @@ def test_a_problem_the_worker_cannot_load_fails_its_trial_only(built, problem):
         assert w.starts == 1
     assert bad.error_kind == "launch" and "cannot load the problem: ValueError: a problem spec is" in bad.error
     assert good.ok
+
+
+def test_a_worker_builds_prepared_problems_while_it_waits_and_trials_find_them_built(tmp_path):
+    graphs = [_binary(op) for op in ("add", "sub", "mul")]
+    tasks = [make_task(g) for g in graphs]
+    made = [kernels(t.program, [default_recipe(t.program, "cpu")], "cpu")[0] for t in tasks]
+    built = build([Source(k.code) for k in made], cache_dir=tmp_path)
+    unreadable = Problem.described({"seed": 0}, {}, lambda: tasks[0].problem)
+    with SpecWorker() as w:
+        w.prepare([t.problem for t in tasks] + [unreadable], "cpu")
+        time.sleep(4)  # the worker starts and builds while nothing is asked of it
+        results = run([Trial(b, k.launches, t.problem) for b, k, t in zip(built, made, tasks, strict=True)]
+                      + [Trial(built[0], made[0].launches, unreadable)], worker=w, repeats=2)
+        assert w.settle() == 3 and w.starts == 1  # every trial found its problem built ahead
+    assert all(r.ok and r.max_rel_err < 1e-6 for r in results[:3]), results
+    assert results[3].error_kind == "launch" and "cannot load the problem: ValueError" in results[3].error
+
+
+def test_settling_drops_the_prepared_problems_and_starts_no_worker(tmp_path):
+    tasks = [make_task(_binary(op)) for op in ("add", "sub")]
+    made = [kernels(t.program, [default_recipe(t.program, "cpu")], "cpu")[0] for t in tasks]
+    built = build([Source(k.code) for k in made], cache_dir=tmp_path)
+    idle = SpecWorker()
+    assert idle.settle() == 0 and idle.starts == 0
+    with SpecWorker() as w:
+        w.prepare([t.problem for t in tasks], "cpu")
+        time.sleep(4)
+        assert w.settle() == 0
+        results = run([Trial(b, k.launches, t.problem) for b, k, t in zip(built, made, tasks, strict=True)], worker=w,
+                      repeats=2)
+        assert all(r.ok for r in results) and w.settle() == 0  # dropped, even if built: built again when asked
 
 
 def _rowwise(op, dtype):

@@ -131,3 +131,29 @@ def test_a_raised_tolerance_is_computed_only_for_a_candidate_that_fails_the_dtyp
     assert len(asked) == (0 if raised is None else 1)  # an exact kernel never pays for the raised tolerances
     if not ok:
         assert result.error_kind == "wrong" and "tolerance 0.0002" in result.error  # the raised one, still over
+
+
+def test_problems_are_built_ahead_in_order_a_few_at_a_time_and_a_failed_one_is_left_to_its_trial(monkeypatch):
+    opened = []
+
+    def open_problem(source, xp):
+        opened.append(source)
+        if source == "bad":
+            raise ValueError("no such problem")
+        return worker.LoadedProblem(source, {}, {})
+
+    monkeypatch.setattr(worker.LoadedProblem, "open", staticmethod(open_problem))
+    problems = worker.Problems()
+    sources = ["bad", *(f"p{i}" for i in range(worker.AHEAD + 1))]
+    problems.prepare(sources, "cpu")
+    while problems.pending():
+        problems.build_next()
+    assert opened == sources[:worker.AHEAD + 1]  # at most AHEAD held; the failed one holds no place
+    assert problems.get("p0", "cpu").source == "p0" and problems.ahead == 1 and len(opened) == worker.AHEAD + 1
+    assert problems.pending()  # p0 is taken: room to build the last one
+    problems.build_next()
+    assert opened[-1] == f"p{worker.AHEAD}"
+    with pytest.raises(ValueError, match="no such problem"):
+        problems.get("bad", "cpu")  # built again when asked, and its failure is the trial's
+    problems.prepare(["p1"], "cpu")
+    assert not problems.pending() and problems.get("p1", "cpu").source == "p1" and problems.ahead == 2
