@@ -287,8 +287,17 @@ def tunebank_column(module: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
         report = fast.plan.report
         summary = {"kernels": fast.plan.kernels, "attentions": fast.plan.attentions, "steps": len(fast.plan.steps),
                    "measured": report.get("measured"), "model_fallback": report.get("model_fallback"),
-                   "stages_s": report.get("stages_s"), "sources": _sources(report)}
+                   "stages_s": report.get("stages_s"), "sources": _sources(report),
+                   "built_ahead": report.get("built_ahead"), "subgraphs": _subgraph_rows(report)}
         return measure(fast, module, inputs, compile_s=optimize_s, first_output=out, **summary)
+
+
+def _subgraph_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per distinct subgraph: what was chosen, its times, the candidates tried and the neighbours they came from."""
+    return [{"ops": "+".join(r["ops"]), "hash": r["structural_hash"], "source": r["source"], "choice": r["choice"],
+             "kernel_s": r["kernel_s"], "eager_s": r["eager_s"], "tried": len(r.get("candidates") or ()),
+             "neighbours": [[n["structural_hash"], n["distance"]] for n in r.get("neighbours") or ()]}
+            for r in report.get("subgraphs", [])]
 
 
 def _sources(report: dict[str, Any]) -> dict[str, int]:

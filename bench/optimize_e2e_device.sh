@@ -16,7 +16,10 @@
 set -u
 TMP=/tmp/e2e-$NAME
 mkdir -p $TMP/py && for w in .whl/*.whl; do python -m zipfile -e "$w" $TMP/py; done
-# bytecode compiled ahead, as pip install does: otherwise each process (optimize's worker, too) compiles what it imports
+# bytecode compiled ahead and kept, as an installed environment has it: the GPU image sets PYTHONDONTWRITEBYTECODE and
+# its packages have none, so each process (optimize's worker, too) would compile every module it imports
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=$TMP/pycache
 python -m compileall -q -j 0 $TMP/py embed transforms service db tunebank > /dev/null
 export PYTHONPATH=$TMP/py:$PWD
 cp "${DB:-out/h200.db}" $TMP/e2e.db

@@ -169,7 +169,8 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     for h, task in tasks.items():  # on the GPU before the worker builds problems there, so nothing runs beside them
         measurer.eager(task, h)
     stages.add("eager", started)
-    worker.prepare([task.problem for task in tasks.values()], ctx.backend)
+    convolutions = ctx.backend == "cuda" and any(n.op == "conv2d" for t in tasks.values() for n in t.program.nests)
+    worker.prepare([task.problem for task in tasks.values()], ctx.backend, warm=("cudnn",) if convolutions else ())
     for n, ((h, subgraph), row) in enumerate(zip(distinct.items(), rows, strict=True)):
         if progress:
             progress(n, len(distinct), "+".join(subgraph.ops)[:60])

@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -345,13 +346,14 @@ class Worker:
         the path of the saved problem."""
         return self.spec_source(problem, backend) or self.problem_file(problem)
 
-    def prepare(self, problems: Sequence[Problem], backend: str) -> None:
+    def prepare(self, problems: Sequence[Problem], backend: str, *, warm: Sequence[str] = ()) -> None:
         """Tell the worker which problems ``backend`` trials ask for next, in order: it builds those sent as specs
         while it waits for trials (``transforms.worker.Problems``), so building them overlaps the caller's own work
-        (candidates generated and compiled). Not waited for; a worker that cannot start is left to the next trial."""
+        (candidates generated and compiled); then it warms the libraries named in ``warm``
+        (``transforms.worker.WARM``). Not waited for; a worker that cannot start is left to the next trial."""
         sources = [s for p in problems if (s := self.spec_source(p, backend)) is not None]
-        if sources:
-            self._send({"prepare": sources, "backend": backend})
+        if sources or warm:
+            self._send({"prepare": sources, "backend": backend, "warm": list(warm)})
 
     def settle(self) -> int:
         """Drop the problems prepared and wait until the worker has stopped building them (a caller about to time on
@@ -386,24 +388,25 @@ class Worker:
             self._owed -= 1
 
     def close(self) -> None:
-        """Stop the worker process (if any) and delete the saved problems."""
-        self._stop()
+        """Stop the worker process (if any) and delete the saved problems. A worker between trials is not waited for:
+        it exits at the end of its input (its CUDA teardown takes most of a second) or is killed after
+        :data:`CLOSE_TIMEOUT_S`, on a thread of its own."""
+        self._stop(wait=False)
         if self._folder is not None:
             self._folder.cleanup()
             self._folder = None
         self._saved.clear()
 
-    def _stop(self) -> None:
+    def _stop(self, *, wait: bool = True) -> None:
         if self._proc is not None:
             if not self._ready:  # warmed and never used: nothing to finish
                 self._proc.kill()
             elif self._proc.poll() is None and self._proc.stdin is not None:
                 self._proc.stdin.close()  # a worker between trials exits at the end of its input
-                try:
-                    self._proc.wait(timeout=CLOSE_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-            self._proc.wait()
+            if wait or not self._ready:
+                _reap(self._proc)
+            else:
+                threading.Thread(target=_reap, args=(self._proc,), daemon=True).start()
             self._proc = None
         self._owed = 0
         if self._stderr is not None:
@@ -480,6 +483,15 @@ class Worker:
         if reply.pop("fatal"):
             self._stop()
         return RunResult.from_json(reply)
+
+
+def _reap(process: subprocess.Popen[bytes]) -> None:
+    """Wait for a worker told to exit, killing it after :data:`CLOSE_TIMEOUT_S`."""
+    try:
+        process.wait(timeout=CLOSE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def fastest(results: Sequence[RunResult], known_s: float = math.inf) -> float:

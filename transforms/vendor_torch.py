@@ -109,6 +109,16 @@ def cudnn_conv(launch: Launch) -> Call:
     return _cuda_call(launch, _conv(launch, cudnn=True))
 
 
+def warm_cudnn() -> None:
+    """Import torch and load cuDNN on the GPU with one small convolution: what the first library convolution of a
+    worker would otherwise pay (seconds) when it runs."""
+    import torch
+
+    x = torch.ones(1, 8, 8, 8, device="cuda")
+    torch.nn.functional.conv2d(x, torch.ones(8, 8, 3, 3, device="cuda"))
+    torch.cuda.synchronize()
+
+
 def torch_matmul(launch: Launch, backend: str = "cpu") -> Call:
     """``torch.matmul`` (BLAS: MKL / OpenBLAS on cpu) of the strided operand views into out."""
     import torch

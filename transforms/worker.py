@@ -5,6 +5,7 @@ Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a p
 ``transforms.problem``, which also needs ``embed`` (pydantic; on the GPU ``cupyx.scipy.special``).
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -400,6 +401,15 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
     return check(output, reference, max(tolerance, own.get(b.name, 0.0)), xp, dtype=b.dtype)
 
 
+#: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
+WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
+
+
+def _warm(name: str) -> None:
+    with contextlib.suppress(Exception):  # the trial that calls the library says what is wrong
+        WARM[name]()
+
+
 #: Problems built ahead of their first trial that the worker holds at most (each keeps its arrays on the device).
 AHEAD = 4
 
@@ -471,8 +481,8 @@ class Lines:
 
 
 def main() -> None:
-    """Serve trial and ``prepare`` messages until stdin closes, building prepared problems while none waits. Kernel
-    output on stdout is redirected to stderr."""
+    """Serve trial and ``prepare`` messages on stdin until it closes (:func:`serve`). Kernel output on stdout is
+    redirected to stderr."""
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
 
@@ -481,15 +491,27 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    problems, lines = Problems(), Lines(sys.stdin.fileno())
+    serve(Lines(sys.stdin.fileno()), reply)
+
+
+def serve(lines: Lines, reply: Callable[[dict[str, Any]], None]) -> None:
+    """Answer each message of ``lines``; while none waits, build the prepared problems, then warm the libraries the
+    last ``prepare`` named (each once)."""
+    problems = Problems()
+    warming: list[str] = []
+    warmed: set[str] = set()
     while not lines.closed:
-        message = lines.next(wait=not problems.pending())
+        message = lines.next(wait=not (problems.pending() or warming))
         if message is None:
             if problems.pending():
                 problems.build_next()
+            elif warming:
+                _warm(warming.pop(0))
             continue
         if "prepare" in message:
             problems.prepare(message["prepare"], message["backend"])
+            warming = [name for name in message.get("warm", ()) if name in WARM and name not in warmed]
+            warmed.update(warming)
             reply({"ahead": problems.ahead})
             continue
         try:

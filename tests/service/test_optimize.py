@@ -222,9 +222,9 @@ class RecordingWorker(Worker):
         super().__init__()
         self.events = events
 
-    def prepare(self, problems, backend):
+    def prepare(self, problems, backend, **options):
         self.events.append(f"prepare {len(problems)}")
-        super().prepare(problems, backend)
+        super().prepare(problems, backend, **options)
 
     def settle(self):
         self.events.append("settle")

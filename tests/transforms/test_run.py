@@ -71,6 +71,8 @@ def test_a_warmed_worker_runs_the_first_trial_and_one_never_used_is_killed_at_cl
         w.warm()
         [result] = run([trial(built, problem, "correct")], worker=w, warmup=1, repeats=3)
         assert result.ok and w.starts == 1  # the trial used the process warm() started
+        process = w._proc
+    assert process.wait(timeout=30) == 0  # closed, it exited at the end of its input (reaped on a thread)
     idle = Worker()
     idle.warm()
     process = idle._proc

@@ -157,3 +157,35 @@ def test_problems_are_built_ahead_in_order_a_few_at_a_time_and_a_failed_one_is_l
         problems.get("bad", "cpu")  # built again when asked, and its failure is the trial's
     problems.prepare(["p1"], "cpu")
     assert not problems.pending() and problems.get("p1", "cpu").source == "p1" and problems.ahead == 2
+
+
+class ScriptedLines:
+    """Messages as a worker's stdin would give them: each step is a message, or None for a moment with none."""
+
+    def __init__(self, steps, events):
+        self.steps, self.events, self.closed = list(steps), events, False
+
+    def next(self, *, wait):
+        while self.steps:
+            step = self.steps.pop(0)
+            if step is not None or not wait:
+                return step
+        self.closed = True
+        return None
+
+
+def test_the_worker_builds_prepared_problems_then_warms_each_library_once_and_settling_stops_both(monkeypatch):
+    events = []
+    monkeypatch.setattr(worker.LoadedProblem, "open",
+                        staticmethod(lambda source, xp: events.append(f"build {source}") or worker.LoadedProblem(
+                            source, {}, {})))
+    monkeypatch.setattr(worker, "WARM", {"lib": lambda: events.append("warm lib"),
+                                         "broken": lambda: 1 / 0})
+    prepare = {"prepare": ["p0", "p1"], "backend": "cpu", "warm": ["broken", "lib", "unknown"]}
+    idle = [None] * 6
+    lines = ScriptedLines([prepare, *idle, prepare, *idle, {"prepare": ["p2"], "backend": "cpu", "warm": ["lib"]},
+                           {"prepare": [], "backend": "cpu"}, *idle], events)
+    worker.serve(lines, lambda data: events.append(data))
+    assert events == [{"ahead": 0}, "build p0", "build p1", "warm lib",  # the broken one failed quietly
+                      {"ahead": 0},  # p0 and p1 still built; each library warmed once
+                      {"ahead": 0}, {"ahead": 0}]  # settled before p2 was built
