@@ -139,8 +139,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     bound to ``params`` (random weights when not given) and timed whole on ``inputs`` (random when not given)
     against ``reference`` (the user's own module; by default the graph run eagerly)."""
     check_schema(ctx.database.engine)
-    # its imports (on cuda torch's too, which checks outputs) overlap the partition, lookups and eager timings
-    worker.warm(("torch",) if ctx.backend == "cuda" else ())
+    worker.warm()  # its imports overlap the partition, lookups and neighbour search before the first trial
     stages = _Stages()
     started = time.perf_counter()
     parts = partition_nodes(graph)

@@ -309,7 +309,6 @@ class Worker:
         self._saved: dict[int, tuple[weakref.ref[Problem], Path]] = {}
         self._ready = False
         self._owed = 0  # acknowledgements of prepare messages not read yet
-        self._libraries: tuple[str, ...] = ()  # what a worker warms when it starts (warm())
         self.starts = self.saves = self.ahead = 0
 
     def __enter__(self) -> "Worker":
@@ -415,18 +414,16 @@ class Worker:
             self._stderr = None
         self._buffer = b""
 
-    def warm(self, libraries: Sequence[str] = ()) -> None:
-        """Start the worker process now without waiting for it: its imports, and the ``libraries`` it warms while it
-        waits (``transforms.worker.WARM``; each worker started from now on does), overlap the caller's own work until
-        the first trial, which waits for it to be ready."""
-        self._libraries = tuple(libraries)
+    def warm(self) -> None:
+        """Start the worker process now without waiting for it: its imports overlap the caller's own work until the
+        first trial, which waits for it to be ready."""
         if self._proc is None:
             self._spawn()
 
     def _spawn(self) -> None:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed in close())
         self._proc = subprocess.Popen(
-            [self.python, "-m", "transforms.worker", *(f"--warm={name}" for name in self._libraries)],
+            [self.python, "-m", "transforms.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=_ROOT,
         )
         self.starts += 1

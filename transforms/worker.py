@@ -7,9 +7,7 @@ Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a p
 
 import contextlib
 import ctypes
-import importlib
 import json
-import math
 import os
 import select
 import sys
@@ -140,63 +138,29 @@ def check(output: Any, reference: Any, tolerance: float, xp: Any = np, *, dtype:
     reference differs is "nan", a finite output where the reference is not is "wrong"."""
     if not tolerance >= 0:  # a NaN tolerance would pass everything
         raise ValueError(f"the tolerance must be a number >= 0, not {tolerance!r}")
-    if tuple(output.shape) != tuple(reference.shape):
-        return "wrong", None, f"output shape {tuple(output.shape)} != reference shape {tuple(reference.shape)}"
-    if xp is TorchArrays:
-        xp = TorchArrays(output, reference)
-        output, reference = xp.output, xp.reference
-    elif reference.dtype.kind != "f":  # an integer output's reference, as a problem built on the GPU holds it
+    if output.shape != reference.shape:
+        return "wrong", None, f"output shape {output.shape} != reference shape {reference.shape}"
+    if reference.dtype.kind != "f":  # an integer output's reference, as a problem built on the GPU holds it
         reference = reference.astype(np.float64)
-    float_dtype = np.dtype(str(reference.dtype).removeprefix("torch."))
     with np.errstate(all="ignore"):
         finite = xp.isfinite(output) & xp.isfinite(reference)
         nonfinite_mismatch = ~finite & (output != reference)  # NaN != NaN
         magnitude = xp.where(finite, xp.abs(reference), 0)
-        normal = float(np.finfo(_NORMAL.get(dtype or "", float_dtype)).tiny)
+        normal = float(np.finfo(_NORMAL.get(dtype or "", reference.dtype)).tiny)
         floor = max(FLOOR_FRACTION * _largest(magnitude), normal)
-        gap = xp.abs(output - reference) / xp.maximum(magnitude, float_dtype.type(floor))
+        gap = xp.abs(output - reference) / xp.maximum(magnitude, reference.dtype.type(floor))
         worst = _largest(xp.where(finite, gap, 0))
     bad_output = nonfinite_mismatch & ~xp.isfinite(output)
-    size = math.prod(output.shape)
     if bool(bad_output.any()):
         count = int(xp.count_nonzero(bad_output))
-        return "nan", worst, f"{count} of {size} elements are NaN or infinite"
+        return "nan", worst, f"{count} of {output.size} elements are NaN or infinite"
     if bool(nonfinite_mismatch.any()) or worst > tolerance:
         return "wrong", worst, f"max relative error {worst:.3g} exceeds the tolerance {tolerance:g}"
     return None, worst, ""
 
 
 def _largest(values: Any) -> float:
-    return float(values.max()) if math.prod(values.shape) else 0.0
-
-
-class TorchArrays:
-    """The array functions :func:`check` uses, on PyTorch views of two CuPy arrays (``check(..., xp=TorchArrays)``):
-    PyTorch's kernels are compiled ahead, where CuPy compiles each of its own at first use (about 0.2 s each on a
-    fresh machine, a dozen for one check). An integer reference is viewed as float64."""
-
-    def __init__(self, output: Any, reference: Any) -> None:
-        import torch
-
-        self.torch = torch
-        self.output = torch.as_tensor(output)  # CuPy arrays: CUDA tensors on the same memory
-        reference = torch.as_tensor(reference)
-        self.reference = reference if reference.is_floating_point() else reference.double()
-
-    def isfinite(self, values: Any) -> Any:
-        return self.torch.isfinite(values)
-
-    def abs(self, values: Any) -> Any:
-        return values.abs()
-
-    def where(self, condition: Any, values: Any, other: float) -> Any:
-        return self.torch.where(condition, values, other)
-
-    def maximum(self, values: Any, floor: np.floating) -> Any:
-        return values.clamp(min=float(floor))
-
-    def count_nonzero(self, values: Any) -> Any:
-        return self.torch.count_nonzero(values)
+    return float(values.max()) if values.size else 0.0
 
 
 def within_budget(repeats: int) -> Iterator[int]:
@@ -212,7 +176,7 @@ def within_budget(repeats: int) -> Iterator[int]:
 class CpuBackend:
     """Calls each launch's ``entry(...)`` of a shared library through ctypes; times with perf_counter_ns."""
 
-    xp = checking = np
+    xp = np
 
     def usable(self) -> bool:
         """Whether the worker can go on after a trial failed: a cpu kernel that could break the process kills it."""
@@ -285,15 +249,6 @@ class CudaBackend:
 
     def reference(self, problem: LoadedProblem, name: str) -> Any:
         return problem.cached(("cuda", "reference", name), lambda: self.cupy.asarray(problem.reference[name]))
-
-    @property
-    def checking(self) -> Any:
-        """The array functions outputs are checked with: :class:`TorchArrays` where PyTorch imports, else CuPy."""
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            return self.cupy
-        return TorchArrays
 
     def bind(self, artifact: str, launches: Sequence[Launch], arrays: dict[str, np.ndarray]) -> tuple[Call, Fetch]:
         cp = self.cupy
@@ -414,11 +369,10 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
                 raise ValueError(f"the problem has no reference for output buffer {b.name!r}")
             reference = backend.reference(problem, b.name)
             output = to_float(outputs[b.name], b.dtype, reference.dtype)
-            kind, error, text = _checked(output, reference, b, message["tolerance"][b.name], problem, tf32,
-                                         backend.checking)
+            kind, error, text = _checked(output, reference, b, message["tolerance"][b.name], problem, tf32, backend.xp)
             if kind == "wrong" and error is not None and problem.raise_tolerances():  # a raised tolerance may admit it
                 kind, error, text = _checked(output, reference, b, message["tolerance"][b.name], problem, tf32,
-                                             backend.checking)
+                                             backend.xp)
             if kind is not None:
                 return RunResult.failure(kind, f"output {b.name!r}: {text}", error), False
             worst = max(worst, error or 0.0)
@@ -448,8 +402,7 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
 
 
 #: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
-WARM: dict[str, Callable[[], None]] = {"torch": lambda: importlib.import_module("torch"),
-                                       "cudnn": vendor_torch.warm_cudnn}
+WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
 
 
 def _warm(name: str) -> None:
@@ -538,22 +491,19 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    serve(Lines(sys.stdin.fileno()), reply, [a.removeprefix("--warm=") for a in sys.argv[1:]])
+    serve(Lines(sys.stdin.fileno()), reply)
 
 
-def serve(lines: Lines, reply: Callable[[dict[str, Any]], None], warm: Sequence[str] = ()) -> None:
-    """Answer each message of ``lines``; while none waits, warm the libraries named in ``warm``, build the prepared
-    problems, then warm the libraries the last ``prepare`` named (each library once)."""
+def serve(lines: Lines, reply: Callable[[dict[str, Any]], None]) -> None:
+    """Answer each message of ``lines``; while none waits, build the prepared problems, then warm the libraries the
+    last ``prepare`` named (each once)."""
     problems = Problems()
-    starting = [name for name in dict.fromkeys(warm) if name in WARM]
     warming: list[str] = []
-    warmed = set(starting)
+    warmed: set[str] = set()
     while not lines.closed:
-        message = lines.next(wait=not (starting or problems.pending() or warming))
+        message = lines.next(wait=not (problems.pending() or warming))
         if message is None:
-            if starting:
-                _warm(starting.pop(0))
-            elif problems.pending():
+            if problems.pending():
                 problems.build_next()
             elif warming:
                 _warm(warming.pop(0))

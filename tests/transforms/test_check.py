@@ -8,11 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.gpu import needs_gpu
 from transforms import run as runner
-from transforms import worker
 from transforms.build import Source, build
 from transforms.run import Buffer, Launch, Problem, Scalar, Trial, Worker, run
+from transforms.worker import check
 
 #: (output buffer dtype, reference dtype, tolerance): the pairs the runner uses (fp16/bf16 against float32).
 DTYPES = [("float64", np.float64, 1e-9), ("float32", np.float64, 1e-4), ("float32", np.float64, 4e-4),
@@ -45,21 +44,13 @@ def references(draw):
     return dtype, values.astype(float_dtype), tolerance
 
 
-@pytest.fixture(scope="module", params=["numpy", "torch"])
-def check(request):
-    """``worker.check`` on NumPy arrays, or through PyTorch (``worker.TorchArrays``: the cuda worker's way)."""
-    if request.param == "numpy":
-        return worker.check
-    return lambda *args, **kwargs: worker.check(*args, **kwargs, xp=worker.TorchArrays)
-
-
 def perturbed(reference: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return (reference.astype(np.float64) + offsets).astype(reference.dtype)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(references(), st.data())
-def test_errors_just_inside_the_tolerance_pass(check, case, data):
+def test_errors_just_inside_the_tolerance_pass(case, data):
     dtype, reference, tolerance = case
     unit = np.array(data.draw(st.lists(st.floats(-0.9, 0.9), min_size=reference.size, max_size=reference.size)))
     offsets = unit * bounds(reference, dtype, tolerance)
@@ -70,7 +61,7 @@ def test_errors_just_inside_the_tolerance_pass(check, case, data):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(references(), st.data())
-def test_one_element_just_outside_the_tolerance_fails(check, case, data):
+def test_one_element_just_outside_the_tolerance_fails(case, data):
     dtype, reference, tolerance = case
     bad = data.draw(st.integers(0, reference.size - 1))
     sign = data.draw(st.sampled_from([-1.0, 1.0]))
@@ -84,7 +75,7 @@ def test_one_element_just_outside_the_tolerance_fails(check, case, data):
 
 @settings(max_examples=200, deadline=None)
 @given(references(), st.data())
-def test_a_non_finite_output_never_passes_where_the_reference_is_finite(check, case, data):
+def test_a_non_finite_output_never_passes_where_the_reference_is_finite(case, data):
     dtype, reference, tolerance = case
     output = reference.copy()
     bad = data.draw(st.lists(st.integers(0, reference.size - 1), min_size=1, unique=True))
@@ -94,7 +85,7 @@ def test_a_non_finite_output_never_passes_where_the_reference_is_finite(check, c
 
 
 @pytest.mark.parametrize("float_dtype", [np.float32, np.float64])
-def test_non_finite_references_are_matched_exactly(float_dtype, check):
+def test_non_finite_references_are_matched_exactly(float_dtype):
     reference = np.array([np.inf, -np.inf, 2.0, np.nan], dtype=float_dtype)
     values = lambda *v: np.array(v, dtype=float_dtype)  # noqa: E731
     assert check(values(np.inf, -np.inf, 2.0, np.nan), reference, 1.0)[0] == "nan"  # NaN never passes
@@ -104,11 +95,9 @@ def test_non_finite_references_are_matched_exactly(float_dtype, check):
     assert check(values(np.nan, -np.inf, 2.0), finite_reference, 1.0)[0] == "nan"
     assert check(values(1e30, -np.inf, 2.0), finite_reference, 1.0)[0] == "wrong"  # finite where it is not
     assert check(values(np.inf, -np.inf, 2.0), values(np.inf, -np.inf, np.nan), 1.0)[0] == "wrong"
-    # the infinities take no part in the scale the finite elements are measured against
-    assert check(values(np.inf, -np.inf, 3.0), finite_reference, 1e-4)[:2] == ("wrong", pytest.approx(0.5))
 
 
-def test_a_softmax_five_percent_off_fails_at_any_scale(check):
+def test_a_softmax_five_percent_off_fails_at_any_scale():
     logits = np.random.default_rng(0).standard_normal(1000)
     softmax = np.exp(logits) / np.exp(logits).sum()  # values about 1e-3, all well under 1
     assert softmax.max() < 0.02
@@ -119,7 +108,7 @@ def test_a_softmax_five_percent_off_fails_at_any_scale(check):
         assert check(scale * softmax * 1.05, scale * softmax, 1e-4)[0] == "wrong"
 
 
-def test_elements_near_zero_are_measured_against_a_thousandth_of_the_largest(check):
+def test_elements_near_zero_are_measured_against_a_thousandth_of_the_largest():
     reference = np.array([1000.0, 1e-9, 0.0])
     assert check(np.array([1000.0, 0.9e-4, 0.0]), reference, 1e-4)[1] == pytest.approx(0.9e-4, rel=1e-3)
     assert check(np.array([1000.0, 1e-9, 1.1e-4]), reference, 1e-4)[0] == "wrong"  # 1.1e-4 / (1e-3 * 1000)
@@ -127,19 +116,19 @@ def test_elements_near_zero_are_measured_against_a_thousandth_of_the_largest(che
     assert check(small * np.array([1, 1 + 1.1e-4, 1]), small, 1e-4)[0] == "wrong"
 
 
-def test_an_fp16_output_below_its_smallest_normal_is_held_to_absolute_precision(check):
+def test_an_fp16_output_below_its_smallest_normal_is_held_to_absolute_precision():
     reference = np.array([3e-7, -2e-6, 1e-6], dtype=np.float32)  # fp16 subnormals: steps of 6e-8
     stored = runner.quantize(reference, "float16").astype(np.float32)
     assert check(stored, reference, 1e-2, dtype="float16")[0] is None
     assert check(reference + np.float32(1.1e-2 * 6.104e-5), reference, 1e-2, dtype="float16")[0] == "wrong"
 
 
-def test_an_all_zero_reference_must_be_matched_exactly_up_to_the_smallest_normal(check):
+def test_an_all_zero_reference_must_be_matched_exactly_up_to_the_smallest_normal():
     assert check(np.zeros(4), np.zeros(4), 1e-4)[0] is None
     assert check(np.array([0.0, 1e-300, 0.0, 0.0]), np.zeros(4), 1e-4)[0] == "wrong"
 
 
-def test_a_nan_tolerance_is_an_error_not_a_pass(check):
+def test_a_nan_tolerance_is_an_error_not_a_pass():
     with pytest.raises(ValueError, match="tolerance must be a number"):
         check(np.ones(2), np.zeros(2), float("nan"))
 
@@ -191,12 +180,12 @@ def test_an_output_the_launches_do_not_hold_is_not_skipped(two_outputs):
     assert result.error_kind == "wrong" and "holds output 'p'" in result.error
 
 
-def test_shapes_must_match_not_broadcast(check):
+def test_shapes_must_match_not_broadcast():
     assert check(np.zeros((4, 1)), np.zeros(4), 1.0)[0] == "wrong"
     assert check(np.zeros((2, 2)), np.zeros(4), 1.0)[0] == "wrong"
 
 
-def test_an_integer_output_is_checked_against_an_integer_reference(check):
+def test_an_integer_output_is_checked_against_an_integer_reference():
     # a problem built on the GPU keeps an integer output's reference in its own dtype (an embedding's offset indices)
     reference = np.array([[0, 1000, 2000], [7, 1007, 2999]], dtype=np.int64)
     assert check(reference.copy(), reference, 0.0, dtype="int64") == (None, 0.0, "")
@@ -204,20 +193,3 @@ def test_an_integer_output_is_checked_against_an_integer_reference(check):
     off[1, 2] = 2998  # one index off: |2998 - 2999| / 2999
     kind, worst, _ = check(off, reference, 1e-5, dtype="int64")
     assert kind == "wrong" and worst == pytest.approx(1 / 2999)
-
-
-@needs_gpu
-@pytest.mark.parametrize("float_dtype", [np.float32, np.float64])
-def test_pytorch_checks_cupy_arrays_on_the_gpu_as_numpy_checks_them_on_the_host(float_dtype):
-    import cupy
-
-    rng = np.random.default_rng(3)
-    reference = rng.standard_normal((64, 33)).astype(float_dtype)
-    for offset, kind in ((5e-5, None), (5e-3, "wrong")):
-        output = reference * (1 + offset * rng.uniform(-1, 1, reference.shape)).astype(float_dtype)
-        output[3, 4] = reference[3, 4] * (1 + offset)
-        host = worker.check(output, reference, 1e-4, dtype="float32")
-        device = worker.check(cupy.asarray(output), cupy.asarray(reference), 1e-4, worker.TorchArrays, dtype="float32")
-        assert host[0] == device[0] == kind and device[1] == pytest.approx(host[1], rel=1e-12)
-    output[0, 0] = np.nan
-    assert worker.check(cupy.asarray(output), cupy.asarray(reference), 1.0, worker.TorchArrays)[0] == "nan"
