@@ -95,6 +95,8 @@ def test_non_finite_references_are_matched_exactly(float_dtype):
     assert check(values(np.nan, -np.inf, 2.0), finite_reference, 1.0)[0] == "nan"
     assert check(values(1e30, -np.inf, 2.0), finite_reference, 1.0)[0] == "wrong"  # finite where it is not
     assert check(values(np.inf, -np.inf, 2.0), values(np.inf, -np.inf, np.nan), 1.0)[0] == "wrong"
+    # the infinities take no part in the scale the finite elements are measured against
+    assert check(values(np.inf, -np.inf, 3.0), finite_reference, 1e-4)[:2] == ("wrong", pytest.approx(0.5))
 
 
 def test_a_softmax_five_percent_off_fails_at_any_scale():
