@@ -40,12 +40,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from db.index import IndexConfig, VectorIndex
@@ -68,16 +66,14 @@ from service.measure import MeasurementTable, Measurer, live_measurer
 from service.measurement_store import MeasurementStore
 from service.optimize_report import OptimizeReport, SubgraphReport
 from service.store import static_vector
-from service.transfer import Candidates, Neighbour, neighbours, transfer_candidates, transfer_from
+from service.transfer import Neighbour, neighbours, transfer_from
 from service.whole_model import choose_runtime
-from transforms.build import Source, build
-from transforms.compilers import cuda
 from transforms.plan import Parts, Plan, Step, Target, content_hash, fold_side, kernel_step, step_subgraph
 from transforms.plan_runtime import PlanModule
-from transforms.recipe import Recipe, parse
+from transforms.recipe import parse
 from transforms.run import Worker
 from transforms.schedule import ScheduleError
-from transforms.tune import Task, kernels, make_task
+from transforms.tune import Task, make_task
 from transforms.views import fold_layout
 
 ENCODER_PREFERENCE = ("learned", "static+profiled", "static")
@@ -103,7 +99,6 @@ class OptimizeConfig:
     model_margin: float = 0.02
     compare_compile: bool = True
     fold_margin: float = 0.05
-    compile_ahead: bool | None = None  # None: on cuda only (``_compile_ahead``)
 
 
 @dataclass
@@ -167,17 +162,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     transfers = {h: stored for (h, s), row in zip(distinct.items(), rows, strict=True)
                  if s.tunable and (stored := _look_up(s, row, ctx, store, kernels, config)) is not None}
     tasks = {h: replace(make_task(distinct[h], seed=config.seed), key=h) for h in transfers}
-    for h, stored in transfers.items():
-        measurer.table.results.setdefault(h, {}).update(stored)  # what an interrupted run measured is not run again
     stages.add("lookup", started)
-    if progress:
-        progress(0, len(distinct), "neighbours")
-    started = time.perf_counter()
-    near = {h: _neighbours(distinct[h], task, ctx, store, measurer, search, config) for h, task in tasks.items()}
-    candidates = {h: transfer_candidates(task, near[h][0], backend=ctx.backend, wanted=config.k, fill=config.fill,
-                                         seed=config.seed, library=True) for h, task in tasks.items()}
-    stages.add("neighbours", started)
-    ahead = _compile_ahead(tasks, candidates, ctx, config)
     if progress:
         progress(0, len(distinct), "eager timings")
     started = time.perf_counter()
@@ -190,9 +175,9 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
         if progress:
             progress(n, len(distinct), "+".join(subgraph.ops)[:60])
         if h in tasks:
-            _transfer(subgraph, tasks[h], row, near[h], candidates[h], ctx, store, measurer, search, config, stages)
+            measurer.table.results.setdefault(h, {}).update(transfers[h])  # an interrupted run's are not run again
+            _transfer(subgraph, tasks[h], row, ctx, store, measurer, search, config, stages)
         report.subgraphs.append(row)
-    ahead.shutdown(cancel_futures=True)
     report.built_ahead = worker.settle()  # the worker builds nothing more: the parent times on the GPU from here
     if progress:
         progress(len(distinct), len(distinct), "plan")
@@ -361,48 +346,24 @@ def _look_up(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: Measu
     return stored
 
 
-def _neighbours(subgraph: Subgraph, task: Task, ctx: Context, store: MeasurementStore, measurer: Measurer,
-                search: _Search, config: OptimizeConfig) -> tuple[list[Neighbour], np.ndarray | None]:
-    """The subgraph's nearest neighbours in the index and its embedding (none without a promoted encoder)."""
-    h = subgraph.structural_hash
-    search.open()
-    if search.encoder is None or search.index is None:
-        return [], None
-    vector = search.encoder.encode(_features(search.encoder, task, subgraph, measurer, ctx))[0]
-    with ctx.database.scope() as session:
-        return neighbours(session, search.index, vector, task=task, device_id=store.device_id, k=config.k,
-                          backend=ctx.backend, exclude={h}), vector
-
-
-def _compile_ahead(tasks: Mapping[str, Task], candidates: Mapping[str, Candidates], ctx: Context,
-                   config: OptimizeConfig) -> ThreadPoolExecutor:
-    """Generate and compile every subgraph's candidates, in order, on a thread of their own (cuda; or as
-    ``config.compile_ahead`` says): while the parent times eager and the first trials run, the later subgraphs'
-    kernels compile, and their trials find them in the kernel cache (a compile under way is waited for, not repeated:
-    ``transforms.compilers.cache``). On cpu the compilers would take the cores the timed kernels run on."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunebank-compile-ahead")
-    if config.compile_ahead if config.compile_ahead is not None else ctx.backend == "cuda":
-        arch = cuda.device_arch() if ctx.backend == "cuda" else ""
-        for h, task in tasks.items():
-            pool.submit(_compile, task, candidates[h].recipes, ctx.backend, arch, ctx.cache_dir)
-    return pool
-
-
-def _compile(task: Task, recipes: Sequence[Recipe], backend: str, arch: str, cache_dir: Path) -> None:
-    made = [k for k in kernels(task.program, list(recipes), backend) if not isinstance(k, str)]
-    build([Source(k.code, backend, arch=arch) for k in made], cache_dir=cache_dir)
-
-
-def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, found: tuple[list[Neighbour], np.ndarray | None],
-              candidates: Candidates, ctx: Context, store: MeasurementStore, measurer: Measurer, search: _Search,
-              config: OptimizeConfig, stages: _Stages) -> None:
+def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context, store: MeasurementStore,
+              measurer: Measurer, search: _Search, config: OptimizeConfig, stages: _Stages) -> None:
     h = subgraph.structural_hash
     subgraph_id, device_id = store.ids[h], store.device_id
     row.source = "transfer"
-    near, vector = found
+    search.open()
+    started = time.perf_counter()
+    near: list[Neighbour] = []
+    vector = None
+    if search.encoder is not None and search.index is not None:
+        vector = search.encoder.encode(_features(search.encoder, task, subgraph, measurer, ctx))[0]
+        with ctx.database.scope() as session:
+            near = neighbours(session, search.index, vector, task=task, device_id=device_id, k=config.k,
+                              backend=ctx.backend, exclude={h})
+    stages.add("neighbours", started)
     started = time.perf_counter()
     result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=config.k,
-                           candidates=candidates)
+                           fill=config.fill, seed=config.seed, library=True)
     eager_s = measurer.eager(task, h)
     stages.add("measure", started)
     row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe}

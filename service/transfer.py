@@ -169,52 +169,25 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
                          local_budget=local_budget, seed=seed, fill=fill, rank=rank)
 
 
-@dataclass(frozen=True)
-class Candidates:
-    """The recipes :func:`transfer_from` measures, in order (the default first), each with its origin, and the
-    space they come from."""
-
-    space: RecipeSpace
-    origins: dict[Recipe, str]
-
-    @property
-    def recipes(self) -> list[Recipe]:
-        return list(self.origins)
-
-
-def transfer_candidates(task: Task, near: Sequence[Neighbour], *, backend: str, wanted: int, seed: int = 0,
-                        fill: bool = False, rank: Rank | None = None, pool: Sequence[Recipe] | None = None,
-                        library: bool = False) -> Candidates:
-    """The default recipe and the neighbours' recipes; with ``fill``, the neighbours' variants over the knobs they
-    were stored without, then vendor-ranked recipes, then random ones (with ``rank``: the best-ranked of ``pool``)
-    make up the ``wanted`` candidates the neighbours did not give. With ``library``, the space's vendor alternatives
-    (a library call in place of the generated kernel, e.g. cuDNN for a convolution) are candidates too, whatever
-    the neighbours give (origin ``library``)."""
+def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
+                  local_budget: int = 0, seed: int = 0, fill: bool = False, rank: Rank | None = None,
+                  pool: Sequence[Recipe] | None = None, library: bool = False) -> TransferResult:
+    """Validate and time the default recipe and the neighbours' recipes on the task, keep the fastest; with
+    ``fill``, the neighbours' variants over the knobs they were stored without, then vendor-ranked recipes, then
+    random ones (with ``rank``: the best-ranked of ``pool``) make up the ``wanted`` candidates the neighbours did
+    not give. With ``library``, the space's vendor alternatives (a library call in place of the generated kernel,
+    e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give (origin ``library``)."""
     space = RecipeSpace(task.program, backend)
     default = space.default
     libraries = [r for r in space.alternatives if r != default] if library else []
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default and r not in libraries]
     filled = (_fill(space, near, {default, *libraries, *given}, wanted - len(given), seed=seed, rank=rank, pool=pool)
               if fill else {})
-    origins = {default: "default"} | dict.fromkeys(libraries, "library") | dict.fromkeys(given, "neighbour") | filled
-    return Candidates(space, origins)
-
-
-def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
-                  local_budget: int = 0, seed: int = 0, fill: bool = False, rank: Rank | None = None,
-                  pool: Sequence[Recipe] | None = None, library: bool = False,
-                  candidates: Candidates | None = None) -> TransferResult:
-    """Validate and time the :func:`transfer_candidates` (or the ``candidates`` given, made by it from the same
-    arguments) on the task, keep the fastest; with ``local_budget``, hill-climb from it."""
-    if candidates is None:
-        candidates = transfer_candidates(task, near, backend=backend, wanted=wanted, seed=seed, fill=fill, rank=rank,
-                                         pool=pool, library=library)
-    default = candidates.space.default
-    searcher = create("given_candidates", candidates.space, candidates=candidates.recipes,
+    searcher = create("given_candidates", space, candidates=[default, *libraries, *given, *filled],
                       local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)
-    origins = candidates.origins
+    origins = {r: "neighbour" for r in given} | filled | dict.fromkeys(libraries, "library") | {default: "default"}
     tried = tuple(Tried(str(r), m, origins.get(r, "local")) for r, m in searcher.history)
     winner: tuple[Recipe, RunResult] = searcher.best or (default, base)
     return TransferResult(tuple(near), tried, str(winner[0]), winner[1].score, base.score)

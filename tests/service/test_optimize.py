@@ -252,37 +252,3 @@ def test_eager_is_timed_before_the_worker_builds_problems_and_the_worker_is_sett
     assert events[:transfers + 1] == ["eager"] * transfers + [f"prepare {transfers}"]
     assert "trial" in events and events.index("settle") > max(i for i, e in enumerate(events) if e == "trial")
     assert events.index("settle") < events.index("model")
-
-
-def test_compiling_ahead_compiles_each_subgraphs_candidates_once_on_its_own_thread(
-        ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.optimize
-    import transforms.build
-
-    ahead: list[list[str]] = []
-    kernels = service.optimize.kernels
-    monkeypatch.setattr(service.optimize, "kernels",
-                        lambda program, recipes, backend: ahead.append([str(r) for r in recipes]) or kernels(
-                            program, recipes, backend))
-    compiled: list[str] = []
-    compile_c = transforms.build.COMPILERS["cpu"]
-
-    def counted(code, **options):
-        result = compile_c(code, **options)
-        if not result.cached:
-            compiled.append(code)
-        return result
-
-    monkeypatch.setitem(transforms.build.COMPILERS, "cpu", counted)
-    built_ahead: list[bool] = []
-    build = service.optimize.build
-    monkeypatch.setattr(service.optimize, "build",
-                        lambda sources, **options: [built_ahead.append(not r.cached) or r for r in build(sources,
-                                                                                                         **options)])
-    with Worker() as worker:
-        result = optimize(_graph(WithCumsum()), ctx, worker=worker,
-                          config=OptimizeConfig(compile_ahead=True, time_model=False, **FAST))
-    tried = [[c["recipe"] for c in s.candidates] for s in result.report.subgraphs if s.source == "transfer"]
-    assert ahead == tried and len(tried) == 3  # the very candidates each subgraph then measured, in order
-    assert len(set(compiled)) == len(compiled)  # no kernel compiled twice
-    assert any(built_ahead)  # the first ones at least were compiled ahead, before their trials asked

@@ -5,7 +5,6 @@ import ctypes
 import os
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -73,24 +72,3 @@ def test_cache_folders_are_private(tmp_path: Path) -> None:
     assert cpu.compile_c(ADD_ONE, cache_dir=cache_dir).ok
     for folder in (cache_dir, cache_dir / "cpu"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-
-
-def test_threads_building_the_same_artifact_build_it_once(tmp_path: Path) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    calls = []
-
-    def produce(workdir: Path) -> Path:
-        calls.append(1)
-        time.sleep(0.3)  # long enough that the other threads ask while it builds
-        (workdir / "a.bin").write_bytes(b"artifact")
-        return workdir / "a.bin"
-
-    def build(key: str) -> object:
-        return cache.cached_build(backend="cpu", cache_dir=tmp_path, key=[key], suffix=".bin", produce=produce)
-
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(build, ["same"] * 4 + ["other"]))
-    assert len(calls) == 2  # one build per artifact
-    assert len({r.artifact for r in results[:4]}) == 1 and sum(r.cached for r in results[:4]) == 3
-    assert not cache._running  # nothing left held

@@ -6,15 +6,13 @@ a broken cache is never taken for a failed compile. The cache folders are privat
 folders a killed process leaves behind are removed by the next process that builds there.
 """
 
-import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from transforms.results import BuildResult, ErrorKind
@@ -40,42 +38,15 @@ def cached_build(
 ) -> BuildResult:
     """Return the cached artifact for ``key`` or call ``produce(workdir) -> artifact`` and store its output.
 
-    The artifact is ``cache_dir/<backend>/<sha256 of key><suffix>``, written atomically. A build of the same
-    artifact already running in this process (another thread) is waited for, not repeated. Compiler messages
+    The artifact is ``cache_dir/<backend>/<sha256 of key><suffix>``, written atomically. Compiler messages
     have the temporary work directory stripped from them.
     """
     start = time.perf_counter()
     digest = hashlib.sha256("\0".join(key).encode()).hexdigest()
     target = Path(cache_dir) / backend / f"{digest}{suffix}"
-    with _building(target):
-        if verified(target):
-            return BuildResult(backend, artifact=str(target), seconds=time.perf_counter() - start, cached=True)
-        return _build(backend, Path(cache_dir), target, produce, start)
-
-
-_running: dict[Path, tuple[threading.Lock, list[int]]] = {}  # target -> (its lock, [threads holding or waiting])
-_running_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _building(target: Path) -> Iterator[None]:
-    """Hold the build of ``target`` in this process: a second thread building it waits for the first."""
-    with _running_lock:
-        lock, users = _running.setdefault(target, (threading.Lock(), [0]))
-        users[0] += 1
-    try:
-        with lock:
-            yield
-    finally:
-        with _running_lock:
-            users[0] -= 1
-            if not users[0]:
-                del _running[target]
-
-
-def _build(backend: str, cache_dir: Path, target: Path, produce: Callable[[Path], Path], start: float) \
-        -> BuildResult:
-    folder = private_folder(cache_dir, backend)
+    if verified(target):
+        return BuildResult(backend, artifact=str(target), seconds=time.perf_counter() - start, cached=True)
+    folder = private_folder(Path(cache_dir), backend)
     with tempfile.TemporaryDirectory(dir=folder, prefix=f"{_BUILD_PREFIX}{os.getpid()}-") as workdir:
         try:
             artifact = produce(Path(workdir))
