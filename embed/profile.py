@@ -115,6 +115,13 @@ def work(static: StaticFeatures) -> tuple[float, float]:
     return 2.0 ** f["lg_flops"] - 1.0, 2.0 ** f["lg_min_bytes"] - 1.0
 
 
+def roofline_bound(static: StaticFeatures, device: DeviceSpec) -> float:
+    """The fewest seconds any implementation of the subgraph can take on ``device``: its minimum bytes at the
+    device's bandwidth or its flops at its peak, whichever is longer."""
+    flops, nbytes = work(static)
+    return max(nbytes / (device.bandwidth_gbps * 1e9), flops / (device.peak_gflops * 1e9), 1e-12)
+
+
 def device_features(device: DeviceSpec) -> dict[str, float]:
     return {
         "lg_bandwidth_gbps": _lg(device.bandwidth_gbps),
@@ -129,7 +136,7 @@ def profiled_features(static: StaticFeatures, baseline: Baseline, device: Device
     """The profiled vector (entries documented in ``PROFILE_FEATURES``)."""
     flops, nbytes = work(static)
     bandwidth, peak = device.bandwidth_gbps * 1e9, device.peak_gflops * 1e9
-    bound = max(nbytes / bandwidth, flops / peak, 1e-12)
+    bound = roofline_bound(static, device)
     f: dict[str, float] = dict.fromkeys(PROFILE_FEATURE_NAMES, 0.0)
     times = {"default": baseline.default_s, "eager": baseline.eager_s}
     for name, t in times.items():

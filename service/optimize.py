@@ -55,9 +55,10 @@ from db.repositories.rankings import best_recipes, stored_results
 from db.session import Database
 from embed.encoders import Encoder, FeatureSet
 from embed.errors import EmbedError
+from embed.features import static_features
 from embed.ir import Graph
 from embed.partition import partition_nodes
-from embed.profile import DeviceSpec
+from embed.profile import DeviceSpec, roofline_bound
 from embed.subgraph import Subgraph, SubgraphKind
 from service.crawl import profile_vector
 from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
@@ -169,6 +170,9 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     for h, task in tasks.items():  # on the GPU before the worker builds problems there, so nothing runs beside them
         measurer.eager(task, h)
     stages.add("eager", started)
+    for h, row in zip(distinct, rows, strict=True):
+        if h in tasks and _under_bound(tasks[h], row, measurer.eager(tasks[h], h), ctx.device):
+            del tasks[h]
     convolutions = ctx.backend == "cuda" and any(n.op == "conv2d" for t in tasks.values() for n in t.program.nests)
     worker.prepare([task.problem for task in tasks.values()], ctx.backend, warm=("cudnn",) if convolutions else ())
     for n, ((h, subgraph), row) in enumerate(zip(distinct.items(), rows, strict=True)):
@@ -324,6 +328,24 @@ def _promoted_encoder(ctx: Context, device_id: int) -> Encoder | None:
     ctx.encoders.save(fitted)
     ctx.encoders.promote("static", fitted.version)
     return fitted
+
+
+#: A subgraph whose eager time is under this fraction of its roofline bound is not measured: eager moves no data there
+#: (a view), and no kernel, which must move it, can come near (``_under_bound``).
+BOUND_FRACTION = 0.5
+
+
+def _under_bound(task: Task, row: SubgraphReport, eager_s: float, device: DeviceSpec) -> bool:
+    """Whether eager runs the subgraph in under :data:`BOUND_FRACTION` of the fewest seconds any kernel can take
+    (``embed.profile.roofline_bound``): then it is chosen with nothing measured, and ``row`` says why."""
+    bound = roofline_bound(static_features(task.program), device)
+    if not eager_s < BOUND_FRACTION * bound:  # NaN: eager cannot run it
+        return False
+    row.source, row.eager_s = "bound", eager_s
+    row.reason = (f"eager takes {eager_s * 1e6:.3g} us, under half the {bound * 1e6:.3g} us any kernel needs to move "
+                  "its data: nothing measured")
+    row.choose(0.0)
+    return True
 
 
 def _look_up(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: MeasurementStore, kernels: _Kernels,

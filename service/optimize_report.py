@@ -16,7 +16,7 @@ class SubgraphReport:
     structural_hash: str
     ops: list[str]
     occurrences: int
-    source: str  # hit | transfer | not tunable
+    source: str  # hit | transfer | bound (eager under the roofline bound: nothing measured) | not tunable
     reason: str | None = None
     neighbours: list[dict[str, Any]] = field(default_factory=list)
     candidates: list[dict[str, Any]] = field(default_factory=list)

@@ -2,6 +2,8 @@
 a second run that measures nothing; plans that compute what eager computes."""
 
 import itertools
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -252,3 +254,35 @@ def test_eager_is_timed_before_the_worker_builds_problems_and_the_worker_is_sett
     assert events[:transfers + 1] == ["eager"] * transfers + [f"prepare {transfers}"]
     assert "trial" in events and events.index("settle") > max(i for i, e in enumerate(events) if e == "trial")
     assert events.index("settle") < events.index("model")
+
+
+@pytest.mark.parametrize(("eager_us", "measured"), [(5.9, False), (6.1, True)])
+def test_a_subgraph_eager_runs_under_half_its_roofline_bound_is_not_measured(eager_us: float, measured: bool) -> None:
+    from dataclasses import replace as replaced
+
+    from service.optimize import _under_bound
+    from service.optimize_report import SubgraphReport
+    from tests.transforms.kernels import single
+    from transforms.tune import make_task
+
+    # add of two 1000-element float32 vectors: 12,000 bytes at least (two read, one written), 1,000 flops; at 1 GB/s
+    # and 1 Tflop/s the bound is 12 us, so eager under 6 us moves no data (a view)
+    task = make_task(single("add", [("a", (1000,), "float32"), ("b", (1000,), "float32")], (1000,)))
+    device = replaced(DEVICE, bandwidth_gbps=1.0, peak_gflops=1000.0)
+    row = SubgraphReport("add", "elementwise", "h", ["add"], 1, "transfer")
+    assert _under_bound(task, row, eager_us * 1e-6, device) is not measured
+    if not measured:
+        assert row.source == "bound" and row.choice == "eager" and row.eager_s == pytest.approx(5.9e-6)
+        assert "under half the 12 us any kernel needs" in row.reason
+    assert not _under_bound(task, row, math.nan, device)  # eager cannot run it: measure
+
+
+def test_subgraphs_eager_runs_under_their_bound_get_no_trial(ctx: Context) -> None:
+    # a device so slow on paper that eager beats what any kernel could do on every subgraph
+    slow = Context(**{**ctx.__dict__, "device": replace(DEVICE, bandwidth_gbps=1e-6, peak_gflops=1e-6)})
+    events: list[str] = []
+    with RecordingWorker(events) as worker:
+        result = optimize(_graph(WithCumsum()), slow, worker=worker, config=OptimizeConfig(time_model=False, **FAST))
+    tunable = [s for s in result.report.subgraphs if s.source != "not tunable"]
+    assert tunable and all(s.source == "bound" and s.choice == "eager" and not s.candidates for s in tunable)
+    assert "trial" not in events and result.report.measured == 0 and result.plan.kernels == 0
