@@ -356,6 +356,10 @@ MUTANTS += [
     Mutant("close-kills", "a closed worker between trials is killed, not let exit", "transforms/run.py",
            "    try:\n        process.wait(timeout=CLOSE_TIMEOUT_S)", "    try:\n        process.kill()\n"
            "        process.wait(timeout=CLOSE_TIMEOUT_S)", ("tests/transforms/test_run.py",)),
+    Mutant("bound-ignored", "a subgraph under its roofline bound is measured anyway", "service/optimize.py",
+           "            del tasks[h]\n", "            pass\n", ("tests/service/test_optimize.py",)),
+    Mutant("bound-at-full", "eager within its roofline bound (not under half) is left unmeasured",
+           "service/optimize.py", "BOUND_FRACTION = 0.5", "BOUND_FRACTION = 1.0", ("tests/service/test_optimize.py",)),
     Mutant("by-ms-inverted", "the report's by-ms ratio is tunebank over the column", "bench/optimize_e2e.py",
            "ratios = [es[c][\"ms\"] / es[\"tunebank\"][\"ms\"]", "ratios = [es[\"tunebank\"][\"ms\"] / es[c][\"ms\"]",
            ("tests/bench/test_optimize_e2e.py",)),
