@@ -14,7 +14,13 @@ Per distinct subgraph, in partition order:
   measurements is stored as soon as it is taken, so Ctrl-C or a crash loses none (and a rerun measures none of them
   again); the subgraph's baseline, profile and embedding follow.
   A subgraph with no neighbour of its kind, or whose nearest is farther than ``far_distance``, is queued for the
-  crawler (``demand``).
+  crawler (``demand``);
+* **bound**: a subgraph to transfer whose eager time is under half its roofline bound (eager moved no data: a view)
+  runs eagerly with nothing measured (``_under_bound``).
+
+Eager is timed for every subgraph to transfer first, in this process, on the GPU; then the worker builds their
+problems ahead while this process looks up neighbours and compiles candidates (``Worker.prepare``), and is settled
+(``Worker.settle``) before this process times on the GPU again, so no timing shares the GPU with a problem built.
 
 The eager implementation is always a candidate: a kernel is chosen only when it is faster than eager by more than
 ``margin`` (default 5%: within that, timing noise decides, and eager costs nothing to keep). Then the model is run
