@@ -173,12 +173,10 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     if progress:
         progress(0, len(distinct), "eager timings")
     started = time.perf_counter()
-    for h, task in tasks.items():  # on the GPU before the worker builds problems there, so nothing runs beside them
-        measurer.eager(task, h)
-    stages.add("eager", started)
-    for h, row in zip(distinct, rows, strict=True):
+    for h, row in zip(distinct, rows, strict=True):  # on the GPU before the worker builds problems there
         if h in tasks and _under_bound(tasks[h], row, measurer.eager(tasks[h], h), ctx.device):
             del tasks[h]
+    stages.add("eager", started)
     convolutions = ctx.backend == "cuda" and any(n.op == "conv2d" for t in tasks.values() for n in t.program.nests)
     worker.prepare([task.problem for task in tasks.values()], ctx.backend, warm=("cudnn",) if convolutions else ())
     for n, ((h, subgraph), row) in enumerate(zip(distinct.items(), rows, strict=True)):

@@ -289,6 +289,29 @@ class Trial:
         object.__setattr__(self, "launches", launches)
 
 
+class JsonLines:
+    """The JSON lines a file descriptor carries, read as they come (``select``): the worker's replies, its messages."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer, self.closed = fd, b"", False
+
+    def next(self, timeout_s: float | None) -> dict[str, Any] | None:
+        """The next message, waiting at most ``timeout_s`` (None: as long as it takes; 0: not at all); None when none
+        has come by then or the input is closed (``closed``)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while b"\n" not in self.buffer:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if self.closed or not select.select([self.fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                self.closed = True
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line)
+
+
 class Worker:
     """A ``python -m transforms.worker`` subprocess that runs one trial at a time.
 
@@ -304,7 +327,7 @@ class Worker:
         self.startup_timeout_s = startup_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
-        self._buffer = b""
+        self._lines: JsonLines | None = None  # the worker's replies
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         self._saved: dict[int, tuple[weakref.ref[Problem], Path]] = {}
         self._ready = False
@@ -412,7 +435,7 @@ class Worker:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
-        self._buffer = b""
+        self._lines = None
 
     def warm(self) -> None:
         """Start the worker process now without waiting for it: its imports overlap the caller's own work until the
@@ -426,6 +449,8 @@ class Worker:
             [self.python, "-m", "transforms.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=_ROOT,
         )
+        assert self._proc.stdout is not None
+        self._lines = JsonLines(self._proc.stdout.fileno())
         self.starts += 1
         self._ready = False
 
@@ -439,20 +464,11 @@ class Worker:
 
     def _read(self, timeout_s: float) -> dict[str, Any]:
         """The next JSON line; TimeoutError or EOFError when none comes."""
-        assert self._proc is not None and self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            if select.select([fd], [], [], remaining)[0]:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    raise EOFError
-                self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
+        assert self._lines is not None
+        message = self._lines.next(timeout_s)
+        if message is None:
+            raise EOFError if self._lines.closed else TimeoutError
+        return message
 
     def _death(self) -> str:
         assert self._proc is not None and self._stderr is not None

@@ -9,7 +9,6 @@ import contextlib
 import ctypes
 import json
 import os
-import select
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,7 +19,18 @@ import numpy as np
 from transforms import vendor_blas, vendor_torch
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
-from transforms.run import Buffer, Launch, Scalar, buffers_of, computes_in_tf32, poison, poisoned, to_float, to_storage
+from transforms.run import (
+    Buffer,
+    JsonLines,
+    Launch,
+    Scalar,
+    buffers_of,
+    computes_in_tf32,
+    poison,
+    poisoned,
+    to_float,
+    to_storage,
+)
 
 Call = Callable[[], None]
 Fetch = Callable[[], dict[str, Any]]  # the buffers, in the backend's memory
@@ -460,26 +470,6 @@ def _key(source: str | dict[str, Any]) -> str:
     return json.dumps(source, sort_keys=True)
 
 
-class Lines:
-    """The JSON lines of a file descriptor, read without blocking when asked (``select``)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd, self.buffer, self.closed = fd, b"", False
-
-    def next(self, *, wait: bool) -> dict[str, Any] | None:
-        """The next message; None when none has come (``wait=False``) or the input is closed (``closed``)."""
-        while b"\n" not in self.buffer:
-            if self.closed or not select.select([self.fd], [], [], None if wait else 0)[0]:
-                return None
-            chunk = os.read(self.fd, 1 << 16)
-            if not chunk:
-                self.closed = True
-                return None
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return json.loads(line)
-
-
 def main() -> None:
     """Serve trial and ``prepare`` messages on stdin until it closes (:func:`serve`). Kernel output on stdout is
     redirected to stderr."""
@@ -491,17 +481,17 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    serve(Lines(sys.stdin.fileno()), reply)
+    serve(JsonLines(sys.stdin.fileno()), reply)
 
 
-def serve(lines: Lines, reply: Callable[[dict[str, Any]], None]) -> None:
+def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
     """Answer each message of ``lines``; while none waits, build the prepared problems, then warm the libraries the
     last ``prepare`` named (each once)."""
     problems = Problems()
     warming: list[str] = []
     warmed: set[str] = set()
     while not lines.closed:
-        message = lines.next(wait=not (problems.pending() or warming))
+        message = lines.next(0 if problems.pending() or warming else None)
         if message is None:
             if problems.pending():
                 problems.build_next()

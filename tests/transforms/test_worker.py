@@ -165,10 +165,10 @@ class ScriptedLines:
     def __init__(self, steps, events):
         self.steps, self.events, self.closed = list(steps), events, False
 
-    def next(self, *, wait):
+    def next(self, timeout_s):
         while self.steps:
             step = self.steps.pop(0)
-            if step is not None or not wait:
+            if step is not None or timeout_s is not None:
                 return step
         self.closed = True
         return None
