@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms import vendor_blas, vendor_torch
+from transforms import device_check, vendor_blas, vendor_torch
 from transforms.compilers import cpu, cuda
 from transforms.results import RunResult
 from transforms.run import (
@@ -140,7 +140,8 @@ def check(output: Any, reference: Any, tolerance: float, xp: Any = np, *, dtype:
         -> tuple[str | None, float | None, str]:
     """(error kind or None, max relative error over finite elements, message) for one output, computed in the
     reference's float dtype; ``xp`` is the array module both arrays live in (NumPy, or CuPy for a device output,
-    which is then checked on the device); ``dtype`` is the output buffer's dtype (default: the reference's).
+    which is then checked on the device by ``transforms.device_check``); ``dtype`` is the output buffer's dtype
+    (default: the reference's).
 
     The error of element i is ``|out_i - ref_i| / max(|ref_i|, floor)`` (floor: :data:`FLOOR_FRACTION`); the
     output is "wrong" when the largest exceeds ``tolerance``. Non-finite values are compared exactly: an
@@ -152,24 +153,32 @@ def check(output: Any, reference: Any, tolerance: float, xp: Any = np, *, dtype:
         return "wrong", None, f"output shape {output.shape} != reference shape {reference.shape}"
     if reference.dtype.kind != "f":  # an integer output's reference, as a problem built on the GPU holds it
         reference = reference.astype(np.float64)
-    with np.errstate(all="ignore"):
-        finite = xp.isfinite(output) & xp.isfinite(reference)
-        nonfinite_mismatch = ~finite & (output != reference)  # NaN != NaN
-        magnitude = xp.where(finite, xp.abs(reference), 0)
-        normal = float(np.finfo(_NORMAL.get(dtype or "", reference.dtype)).tiny)
-        floor = max(FLOOR_FRACTION * _largest(magnitude), normal)
-        gap = xp.abs(output - reference) / xp.maximum(magnitude, reference.dtype.type(floor))
-        worst = _largest(xp.where(finite, gap, 0))
-    bad_output = nonfinite_mismatch & ~xp.isfinite(output)
-    if bool(bad_output.any()):
-        count = int(xp.count_nonzero(bad_output))
-        return "nan", worst, f"{count} of {output.size} elements are NaN or infinite"
-    if bool(nonfinite_mismatch.any()) or worst > tolerance:
+    normal = float(np.finfo(_NORMAL.get(dtype or "", reference.dtype)).tiny)
+    sums = tally if xp is np else device_check.tally
+    worst, mismatched, bad_output = sums(output, reference, FLOOR_FRACTION, normal)
+    if bad_output:
+        return "nan", worst, f"{bad_output} of {output.size} elements are NaN or infinite"
+    if mismatched or worst > tolerance:
         return "wrong", worst, f"max relative error {worst:.3g} exceeds the tolerance {tolerance:g}"
     return None, worst, ""
 
 
-def _largest(values: Any) -> float:
+def tally(output: np.ndarray, reference: np.ndarray, floor_fraction: float, normal: float) -> tuple[float, int, int]:
+    """What :func:`check` decides on: (the largest error over elements where both are finite, against
+    ``max(|ref_i|, floor)`` with floor the larger of ``floor_fraction`` times the largest such ``|ref_i|`` and
+    ``normal``; elements where either is not finite and they differ; those of them where the output is not finite)."""
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(output) & np.isfinite(reference)
+        nonfinite_mismatch = ~finite & (output != reference)  # NaN != NaN
+        magnitude = np.where(finite, np.abs(reference), 0)
+        floor = max(floor_fraction * _largest(magnitude), normal)
+        gap = np.abs(output - reference) / np.maximum(magnitude, reference.dtype.type(floor))
+        worst = _largest(np.where(finite, gap, 0))
+    bad_output = nonfinite_mismatch & ~np.isfinite(output)
+    return worst, int(np.count_nonzero(nonfinite_mismatch)), int(np.count_nonzero(bad_output))
+
+
+def _largest(values: np.ndarray) -> float:
     return float(values.max()) if values.size else 0.0
 
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.gpu import needs_gpu
 from transforms import run as runner
 from transforms.build import Source, build
 from transforms.run import Buffer, Launch, Problem, Scalar, Trial, Worker, run
@@ -195,3 +196,37 @@ def test_an_integer_output_is_checked_against_an_integer_reference():
     off[1, 2] = 2998  # one index off: |2998 - 2999| / 2999
     kind, worst, _ = check(off, reference, 1e-5, dtype="int64")
     assert kind == "wrong" and worst == pytest.approx(1 / 2999)
+
+
+@needs_gpu
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(references(), st.data())
+def test_the_device_check_decides_as_the_host_check(case, data):
+    import cupy as cp
+
+    dtype, reference, tolerance = case
+    unit = np.array(data.draw(st.lists(st.floats(-3, 3), min_size=reference.size, max_size=reference.size)))
+    output = perturbed(reference, unit * bounds(reference, dtype, tolerance))
+    for array in data.draw(st.lists(st.sampled_from([output, reference]), max_size=3)):
+        array[data.draw(st.integers(0, reference.size - 1))] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    if data.draw(st.booleans()) and reference.dtype == np.float64:
+        output = output.astype(np.float32)  # dtypes that differ: both compared in float64
+    host = check(output, reference, tolerance, dtype=dtype)
+    assert check(cp.asarray(output), cp.asarray(reference), tolerance, cp, dtype=dtype) == host
+
+
+@needs_gpu
+@pytest.mark.parametrize("float_dtype", [np.float32, np.float64])
+def test_the_device_check_sees_one_element_of_millions(float_dtype):
+    import cupy as cp
+
+    reference = np.random.default_rng(2).standard_normal(3_000_017).astype(float_dtype)
+    output = reference * float_dtype(1 + 1e-6)
+    output[-1] = reference[-1] + 0.25 * max(abs(reference[-1]), 1e-3 * np.abs(reference).max())  # the last element
+    on_device = cp.asarray(output), cp.asarray(reference)
+    kind, worst, _ = check(*on_device, 1e-2, cp)
+    assert kind == "wrong" and worst == pytest.approx(0.25, rel=1e-5)
+    output[1_234_567] = -np.inf
+    assert check(cp.asarray(output), on_device[1], 1.0, cp)[:2] == ("nan", pytest.approx(0.25, rel=1e-5))
+    output[2_345_678] = reference[2_345_678] = np.nan  # NaN never passes, not even against NaN
+    assert check(cp.asarray(output), cp.asarray(reference), 1.0, cp)[2].startswith("2 of 3000017 elements")
