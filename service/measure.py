@@ -37,6 +37,12 @@ class MeasurementTable:
     results: dict[str, dict[str, float | str]] = field(default_factory=dict)
     eager: dict[str, float | None] = field(default_factory=dict)
 
+    def fastest(self, key: str) -> float:
+        """The fastest time held for subgraph ``key``, eager's or a kernel's (inf when none)."""
+        times = [v for v in self.results.get(key, {}).values() if not isinstance(v, str)]
+        eager = self.eager.get(key)
+        return min([math.inf, *times, *([eager] if eager is not None else [])])
+
     @property
     def size(self) -> int:
         """Recipe measurements held (failures included; eager times not)."""
@@ -186,11 +192,12 @@ def live_measurer(table: MeasurementTable, *, backend: str, cache_dir: Path, wor
                   timeout_s: float = 30.0) -> Measurer:
     """A measurer that builds, validates and times kernels on ``backend`` (and eager PyTorch) when ``table``
     lacks them, each candidate bounded by ``timeout_s``; ``record`` is told each batch of results as soon as it is
-    measured (e.g. to store it)."""
+    measured (e.g. to store it). A candidate far slower than the fastest time the table holds for its subgraph
+    (``task.key``), eager's included, is timed by one call (``transforms.run.SLOWER_FACTOR``): it cannot be chosen."""
 
     def run(task: Task, recipes: list[Recipe]) -> list[RunResult]:
         results = evaluator(task, backend=backend, cache_dir=cache_dir, worker=worker, repeats=repeats,
-                            timeout_s=timeout_s)(recipes)
+                            timeout_s=timeout_s, best_s=table.fastest(task.key))(recipes)
         if record is not None:
             record(task, recipes, results)
         return results

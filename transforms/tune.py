@@ -122,11 +122,12 @@ def kernels(program: LoopProgram, recipes: Sequence[Recipe], backend: str) -> li
 
 def evaluator(
     task: Task, *, backend: str, cache_dir: Path, worker: Worker | None = None, jobs: int = os.cpu_count() or 4,
-    repeats: int = 10, timeout_s: float = 30.0,
+    repeats: int = 10, timeout_s: float = 30.0, best_s: float = math.inf,
 ) -> Callable[[list[Recipe]], list[RunResult]]:
     """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time (a candidate far slower
-    than the fastest measured so far by one call: ``transforms.run.SLOWER_FACTOR``)."""
-    incumbent = math.inf
+    than the fastest measured so far, or than ``best_s`` known before, is timed by one call:
+    ``transforms.run.SLOWER_FACTOR``)."""
+    incumbent = best_s
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
         nonlocal incumbent
