@@ -365,4 +365,12 @@ MUTANTS += [
     Mutant("merge-first-wins", "merge keeps the entry started first", "bench/optimize_e2e.py",
            "entry.get(\"started\", \"\") > held.get(\"started\", \"\")",
            "entry.get(\"started\", \"\") < held.get(\"started\", \"\")", ("tests/bench/test_optimize_e2e.py",)),
+    Mutant("incumbent-from-nothing", "each batch's candidates are held against nothing known before",
+           "service/measure.py", "timeout_s=timeout_s, best_s=table.fastest(task.key))(recipes)",
+           "timeout_s=timeout_s)(recipes)", ("tests/service/test_measure_live.py",)),
+    Mutant("fastest-without-eager", "eager's time is not an incumbent", "service/measure.py",
+           "*([eager] if eager is not None else [])])", "])", ("tests/service/test_measure_live.py",)),
+    Mutant("nan-counted-from-reference", "a non-finite reference, not output, makes an output 'nan'", W,
+           "bad_output = nonfinite_mismatch & ~np.isfinite(output)",
+           "bad_output = nonfinite_mismatch & ~np.isfinite(reference)", ("tests/transforms/test_check.py",)),
 ]
