@@ -8,6 +8,7 @@ its two kernels make one pass each over the output and its reference, with one c
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -64,15 +65,16 @@ __global__ void gaps(const T* out, const T* ref, long long n, double floor_fract
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _THREADS = 256
 _BLOCKS = 1024  # grid-stride: enough blocks to fill any current GPU, few enough atomics
-_module: Any = None
 
 
-def _kernels(cp: Any) -> Any:
-    global _module
-    if _module is None:
-        names = [f"{kernel}<{t}>" for kernel in ("largest_magnitude", "gaps") for t in _TYPES.values()]
-        _module = cp.RawModule(code=_SOURCE, name_expressions=names)
-    return _module
+@functools.cache
+def _kernels() -> dict[str, Any]:
+    """The module's kernels by name (``gaps<float>``, ...), its one compile done on first use in this process."""
+    import cupy as cp
+
+    names = [f"{kernel}<{t}>" for kernel in ("largest_magnitude", "gaps") for t in _TYPES.values()]
+    module = cp.RawModule(code=_SOURCE, name_expressions=names)
+    return {name: module.get_function(name) for name in names}
 
 
 def tally(output: Any, reference: Any, floor_fraction: float, normal: float) -> tuple[float, int, int]:
@@ -83,12 +85,12 @@ def tally(output: Any, reference: Any, floor_fraction: float, normal: float) -> 
     if output.dtype != reference.dtype or reference.dtype not in _TYPES:
         output, reference = output.astype(np.float64), reference.astype(np.float64)
     output, reference = cp.ascontiguousarray(output), cp.ascontiguousarray(reference)
-    module, kind = _kernels(cp), _TYPES[reference.dtype]
+    kernels, kind = _kernels(), _TYPES[reference.dtype]
     sums = cp.zeros(4, dtype=cp.uint64)
     n = np.int64(output.size)
     blocks = max(1, min(_BLOCKS, -(-output.size // _THREADS)))
-    module.get_function(f"largest_magnitude<{kind}>")((blocks,), (_THREADS,), (output, reference, n, sums))
-    module.get_function(f"gaps<{kind}>")((blocks,), (_THREADS,),
-                                         (output, reference, n, np.float64(floor_fraction), np.float64(normal), sums))
+    kernels[f"largest_magnitude<{kind}>"]((blocks,), (_THREADS,), (output, reference, n, sums))
+    kernels[f"gaps<{kind}>"]((blocks,), (_THREADS,),
+                             (output, reference, n, np.float64(floor_fraction), np.float64(normal), sums))
     host = sums.get()
     return float(host[1:2].view(np.float64)[0]), int(host[2]), int(host[3])
