@@ -22,7 +22,8 @@ Exact zeros are replaced by 0.5. ``bfloat16`` inputs come back as float32 arrays
 bfloat16-representable values (numpy has no bfloat16).
 
 With ``xp=cupy`` the floats are drawn on the GPU by the same rules, from a CuPy generator seeded from the
-input's NumPy generator: deterministic per (graph, seed), but not the values NumPy draws. Integers and bools
+input's NumPy generator, and finished (rule, rounding, zeros) by one kernel (``embed.device_inputs``):
+deterministic per (graph, seed), but not the values NumPy draws. Integers and bools
 are drawn with NumPy in either case (then uploaded), so index tensors, and whatever is derived from them, are
 the same on the host and on the GPU.
 """
@@ -148,7 +149,10 @@ def _floats(rng: np.random.Generator, dtype: DType, use: _Use, shape: tuple[int,
 
     out = xp.empty(math.prod(shape), _NUMPY[dtype])
     if xp is not np:
-        _finish(out, raw(xp.random.default_rng(int(rng.integers(2**63))), out.size), dtype, use, spread)
+        from embed.device_inputs import finish
+
+        draws = raw(xp.random.default_rng(int(rng.integers(2**63))), out.size)
+        finish(out, draws, positive=use.positive, spread=float(spread), bfloat16=dtype == DType.BFLOAT16)
         return out.reshape(shape)
     children = rng.spawn(max(1, -(-out.size // BLOCK)))
 

@@ -69,6 +69,9 @@ CLOSE_TIMEOUT_S = 1.0  # a closing worker gets this long to exit by itself befor
 KEPT_PROBLEMS = 4  # saved problems a Worker keeps (see Worker.problem_file)
 #: A candidate whose first timed call (wall clock, launch included) takes longer than SLOWER_FACTOR times the
 #: fastest median of the batch so far, and at least SLOWER_FLOOR_S, is not timed further: that call is its time.
+#: On cuda the call that was checked is the first timed call of generated kernels (loaded before it), so such a
+#: candidate runs once in all; a library routine, whose first call may do work once, and a cpu kernel are called
+#: again.
 SLOWER_FACTOR = 4.0
 SLOWER_FLOOR_S = 1e-3
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -53,3 +53,27 @@ def test_gpu_draws_follow_the_rules_deterministically_with_the_hosts_integers():
     assert got["x"].min() >= 0.5 and got["x"].max() < 2.0
     assert abs(got["w"].std() * np.sqrt(128) - 1) < 0.05 and abs(got["table"].std() - 1) < 0.05
     assert (got["brain"].view(np.uint32) & 0xFFFF == 0).all()  # bfloat16 values held in float32
+
+
+@needs_gpu
+def test_the_gpu_finishes_draws_bit_for_bit_as_the_host_does():
+    import cupy
+
+    from embed.device_inputs import finish
+    from embed.inputs import _finish, _Use
+    from embed.ir import DType
+
+    rng = np.random.default_rng(7)
+    edges = [0.0, -0.0, 1e-9, -1e-9, 1e-30, 65519.0, 70000.0, 1.00390625, 1.01171875, -3.0]  # zeros, underflows, ties
+    for dtype, out_dtype in [(DType.FLOAT64, np.float64), (DType.FLOAT32, np.float32), (DType.FLOAT16, np.float16),
+                             (DType.BFLOAT16, np.float32)]:
+        draw = np.float64 if dtype == DType.FLOAT64 else np.float32
+        for use, spread in [(_Use(positive=True), draw(1.0)), (_Use(fan_in=128), draw(np.sqrt(128)))]:
+            raw = np.concatenate([edges, rng.random(5000) if use.positive else rng.standard_normal(5000)]).astype(draw)
+            host = np.empty(raw.size, out_dtype)
+            _finish(host, raw, dtype, use, spread)
+            device = cupy.empty(raw.size, out_dtype)
+            finish(device, cupy.asarray(raw), positive=use.positive, spread=float(spread),
+                   bfloat16=dtype == DType.BFLOAT16)
+            bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[host.itemsize]
+            assert np.array_equal(device.get().view(bits), host.view(bits)), (dtype, use)

@@ -225,6 +225,28 @@ def test_cuda_kernels_are_validated_timed_and_isolated(tmp_path, problem):
     assert results[0].max_rel_err < 1e-6
 
 
+CUDA_SLOW_VADD = """extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    long long start = clock64();
+    while (clock64() - start < SPIN) {}
+    if (i < n) c[i] = a[i] + b[i];
+}"""
+
+
+@needs_gpu
+def test_a_cuda_kernel_far_slower_than_the_incumbent_runs_once_in_all(tmp_path, problem):
+    # about 0.3 s a call at the H100's and H200's 1.98 GHz: a second call would take the trial past 0.6 s
+    [slow] = build([Source(CUDA_SLOW_VADD.replace("SPIN", str(600_000_000)), backend="cuda")], cache_dir=tmp_path)
+    launch = Launch("vadd", LAUNCH.args, grid=((N + 255) // 256, 1, 1), block=(256, 1, 1))
+    with Worker() as w:
+        [warm] = run([Trial(slow, launch, problem)], worker=w, repeats=3, best_s=1e-3)  # the problem uploaded
+        started = time.perf_counter()
+        [result] = run([Trial(slow, launch, problem)], worker=w, repeats=3, best_s=1e-3)
+        elapsed = time.perf_counter() - started
+    assert warm.ok and result.ok and result.repeats == 1 and result.median_s > 0.2, result
+    assert elapsed < 1.5 * result.median_s, (elapsed, result.median_s)
+
+
 CLOBBER = SIGNATURE + "{ for (int i = 0; i < n; i++) { c[i] = a[i] + b[i]; ((float*)a)[i] = 0; } }"
 CUDA_CLOBBER = """extern "C" __global__ void vadd(float* a, const float* b, float* c, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
