@@ -151,7 +151,8 @@ def test_cublas_path_is_a_library_launch_then_an_epilogue_kernel() -> None:
     gemm, epilogue = kernel.launches
     scalars = {a.name: a.value for a in gemm.args if not hasattr(a, "shape")}
     assert gemm.library == "cublas_gemm" and [a.name for a in gemm.args[:3]] == ["b1", "b0", "b4"]
-    assert (scalars["m"], scalars["n"], scalars["k"], scalars["trans_a"], scalars["batch"]) == (48, 64, 40, 1, 3)
+    # the weight is every batch's: the 3 batches of 64 rows run as one product of 192 rows
+    assert (scalars["m"], scalars["n"], scalars["k"], scalars["trans_a"], scalars["batch"]) == (48, 3 * 64, 40, 1, 1)
     assert (scalars["lda"], scalars["ldb"], scalars["stride_a"], scalars["stride_b"]) == (40, 40, 0, 64 * 40)
     assert scalars["type_c"] == 0 and "k_gelu" in kernel.code  # the product in fp32 scratch: the bias add follows
     assert epilogue.grid == (-(-3 * 64 * 48 // (8 * 256)), 1, 1)  # 8 elements a thread: 2 x 16 bytes in, 16 out
@@ -159,6 +160,17 @@ def test_cublas_path_is_a_library_launch_then_an_epilogue_kernel() -> None:
     assert [a.name for a in epilogue.args] == ["b0", "b1", "b2", "b3", "b4"]  # b5 stays in registers
     plain = generate(apply_recipe(parse("gemm(cublas)"), lower(bmm(2, 8, 16, 24, "float32"))), "cuda")
     assert [launch.library for launch in plain.launches] == ["cublas_gemm"]  # nothing left for a kernel
+    scalars = {a.name: a.value for a in plain.launches[0].args if not hasattr(a, "shape")}
+    assert (scalars["n"], scalars["batch"], scalars["stride_a"]) == (8, 2, 16 * 24)  # each batch its own B
+
+
+def test_batches_stack_into_one_matrix_only_when_b_is_shared_and_a_runs_on() -> None:
+    c = match_contraction(lower(linear(8, 16, 24, "float32", transpose_b=True, batch=(2, 3))))
+    assert c is not None and c.a.batch == (3 * 8 * 16, 8 * 16) and c.a.outer == 16 and c.stacked_rows
+    assert not replace(c, b=replace(c.b, batch=(0, 24 * 16))).stacked_rows  # a B per batch
+    assert not replace(c, a=replace(c.a, batch=(3 * 8 * 16, 8 * 16 + 16))).stacked_rows  # a gap after each batch
+    assert not replace(c, a=replace(c.a, batch=(3 * 8 * 16 + 1, 8 * 16))).stacked_rows  # ... after each outer one
+    assert not replace(c, batch=()).stacked_rows
 
 
 def test_cublaslt_takes_the_bias_and_an_exact_activation() -> None:
@@ -220,6 +232,9 @@ CASES = [  # (graph, recipe, what the PTX must hold)
     (two_outputs(64, 256, 48), "gemm(mma,64,64,64,4,2,1,2)", ("st.global.v4.u32",)),
     (linear(33, 130, 29, "float32", act="relu"), "gemm(simt,32,32,8,4,1,1,3)", ("fma.rn.f32",)),  # 17 k tiles
     (bmm(3, 20, 100, 40, "float64"), "gemm(simt,32,32,8,2,1,1,2)", ("fma.rn.f64",)),
+    # stacked batches: one library product of 2 x 3 x 40 rows, the bias (and relu) in cuBLASLt's epilogue
+    (linear(40, 64, 24, "float32", transpose_b=True, batch=(2, 3), residual=True), "gemm(cublas)", (".entry tb_gemm",)),
+    (linear(40, 64, 24, "float32", batch=(2, 3), act="relu"), "gemm(cublaslt,0)", (".entry tb_gemm",)),
 ]
 
 

@@ -467,14 +467,16 @@ class _GemmGen:
 
     def vendor(self, plan: VendorPlan) -> Launch:
         """The library launch computing the product (and ``plan``'s folded epilogue) into ``plan.out``: row-major
-        ``C = A B`` as column-major ``C^T = B^T A^T``, so the library's A is our B."""
+        ``C = A B`` as column-major ``C^T = B^T A^T``, so the library's A is our B; stacked batches
+        (``Contraction.stacked_rows``) as one product of all their rows."""
         c, g = self.c, self.g
         arg = {a.name: a for a in self.sig.args}
+        rows, batch = (math.prod(c.batch) * c.m, 1) if c.stacked_rows else (c.m, math.prod(c.batch))
         scalars = {
-            "trans_a": int(c.b_k_major), "m": c.n, "n": c.m, "k": c.k,
+            "trans_a": int(c.b_k_major), "m": c.n, "n": rows, "k": c.k,
             "lda": c.b.outer if c.b_k_major else c.b.k, "ldb": c.a.outer, "ldc": c.n,
-            "stride_a": _flat_stride(c.b, c.batch), "stride_b": _flat_stride(c.a, c.batch), "stride_c": c.m * c.n,
-            "batch": math.prod(c.batch), "type_a": _CUDA_TYPE[c.b.dtype], "type_b": _CUDA_TYPE[c.a.dtype],
+            "stride_a": _flat_stride(c.b, c.batch), "stride_b": _flat_stride(c.a, c.batch), "stride_c": rows * c.n,
+            "batch": batch, "type_a": _CUDA_TYPE[c.b.dtype], "type_b": _CUDA_TYPE[c.a.dtype],
             "type_c": _CUDA_TYPE[plan.dtype], "compute": _COMPUTE_64F if c.a.dtype == DType.FLOAT64 else _COMPUTE_32F,
         }
         buffers = [arg[self.name(c.b.buffer)], arg[self.name(c.a.buffer)], arg[self.name(plan.out)]]
