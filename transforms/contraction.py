@@ -26,6 +26,7 @@ from embed.loopnest import Access, Affine, BufferKind, Call, Combiner, Dim, Load
 from transforms.views import VIEWS, fold_views, keeps_order
 
 PATHS = ("mma", "simt", "cublas", "cublaslt")
+BATCHED = "batched"  # the last argument of a vendor path that runs stacked batches as a batch
 VENDOR_PATHS = ("cublaslt", "cublas")  # a vendor GEMM, then our epilogue kernel
 MMA_DTYPES = (DType.FLOAT16, DType.BFLOAT16)
 VENDOR_DTYPES = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)  # operand types of the vendor paths
@@ -97,11 +98,12 @@ class GemmConfig:
     """One way to run a contraction: ``mma`` (tensor cores, fp16/bf16), ``simt`` (register-blocked CUDA
     cores), ``cublas`` (cuBLAS's default GEMM, then one epilogue kernel) or ``cublaslt`` (the cuBLASLt
     algorithm of heuristic rank ``algo``, applying what it can of the epilogue, then one kernel for the rest;
-    see :func:`vendor_plan`). Block tile ``tile_m x tile_n`` stepping ``tile_k`` along k, ``warps`` per block,
-    ``stages`` shared-memory buffers (cp.async pipeline depth; simt: 1), ``swizzle``: blocks are rasterised in
-    groups of that many tile rows (L2 reuse of B), and ``split`` (split-K): the k tiles are cut into that many
-    parts of at least :data:`MIN_SPLIT_TILES` tiles, each a block of its own writing partial sums, and a second
-    kernel adds them and applies the epilogue (more blocks where the output has few tiles and k is long)."""
+    see :func:`vendor_plan`; stacked batches run as one product unless ``batched``). Block tile
+    ``tile_m x tile_n`` stepping ``tile_k`` along k, ``warps`` per block, ``stages`` shared-memory buffers (cp.async
+    pipeline depth; simt: 1), ``swizzle``: blocks are rasterised in groups of that many tile rows (L2 reuse of B),
+    and ``split`` (split-K): the k tiles are cut into that many parts of at least :data:`MIN_SPLIT_TILES` tiles, each
+    a block of its own writing partial sums, and a second kernel adds them and applies the epilogue (more blocks
+    where the output has few tiles and k is long)."""
 
     path: str
     tile_m: int = 0
@@ -112,13 +114,15 @@ class GemmConfig:
     swizzle: int = 1
     algo: int = 0
     split: int = 1
+    batched: bool = False  # vendor paths: stacked batches (``Contraction.stacked_rows``) run as a batch all the same
 
     @property
     def args(self) -> tuple[str | int, ...]:
+        batched = (BATCHED,) if self.batched else ()
         if self.path == "cublas":
-            return (self.path,)
+            return (self.path, *batched)
         if self.path == "cublaslt":
-            return (self.path, self.algo)
+            return (self.path, self.algo, *batched)
         tiles = (self.path, self.tile_m, self.tile_n, self.tile_k, self.warps, self.stages, self.swizzle)
         return (*tiles, self.split) if self.split > 1 else tiles  # recipes stored before split-K stay valid
 
@@ -166,7 +170,9 @@ class GemmConfig:
         if self.path in VENDOR_PATHS:
             lt = self.path == "cublaslt"
             return ((0 <= self.algo < LT_ALGOS if lt else self.algo == 0) and self.split == 1
-                    and vendor_plan(c, fold=lt) is not None)
+                    and (c.stacked_rows or not self.batched) and vendor_plan(c, fold=lt) is not None)
+        if self.batched:
+            return False
         if self.path not in PATHS or min(self.tile_m, self.tile_n, self.tile_k, self.warps, self.swizzle) < 1:
             return False
         if not self.split_legal(c) or self.shared_bytes(c) > MAX_SHARED_BYTES:
@@ -200,7 +206,8 @@ def gemm_configs(c: Contraction) -> list[GemmConfig]:
     float32 arithmetic (on an H200, 2.5 to 3 times faster than mma tiles at fp16/bf16, and faster than every simt
     tile at fp32: ``bench/results/gemm_probe_h200.md``), else the generated kernels' default (mma for fp16/bf16
     operands, simt otherwise); then the generated tiles (each under every legal split-K), cuBLASLt's other ranks,
-    cuBLAS."""
+    cuBLAS; for stacked batches, each vendor configuration followed by its batched twin (which shape is faster
+    depends on the rows a batch has: ``bench/README.md``, "Stacked vendor GEMMs")."""
     if c.tensor_cores:
         grid = product(MMA_TILES, (32, 64), (4, 8), (2, 3, 4), SWIZZLES)
         tiles = [GemmConfig("mma", tm, tn, tk, w, s, g) for (tm, tn), tk, w, s, g in grid]
@@ -211,9 +218,11 @@ def gemm_configs(c: Contraction) -> list[GemmConfig]:
         generated = GemmConfig("simt", 64, 64, 16, 4, 1, 8)
     # a tile's legality does not depend on its split: check it once, then only the splits
     found = [g for t in tiles if t.legal(c) for g in (replace(t, split=p) for p in SPLIT_K) if g.split_legal(c)]
-    lt = [GemmConfig("cublaslt", algo=r) for r in range(LT_ALGOS)]
-    first = lt[0] if lt[0].legal(c) and _compute(c) == DType.FLOAT32 else generated
-    ordered, checked = [first, generated, *found, *lt, GemmConfig("cublas")], set(found)
+    vendor = [*(GemmConfig("cublaslt", algo=r) for r in range(LT_ALGOS)), GemmConfig("cublas")]
+    if c.stacked_rows:
+        vendor = [v for g in vendor for v in (g, replace(g, batched=True))]
+    first = vendor[0] if vendor[0].legal(c) and _compute(c) == DType.FLOAT32 else generated
+    ordered, checked = [first, generated, *found, *vendor], set(found)
     return [g for g in dict.fromkeys(ordered) if g in checked or g.legal(c)]
 
 

@@ -143,6 +143,19 @@ def test_the_step_is_in_the_cuda_space_and_checks_its_arguments() -> None:
                 "gemm(mma,64,64,32,4,3,1,2)"):  # split 1 is written without it; 40 k has no two parts of 2 tiles
         with pytest.raises(ScheduleError):
             apply_recipe(parse(bad), program)
+    stacked = lower(linear(64, 40, 48, "float32", transpose_b=True, batch=(3,)))
+    (space,) = RecipeSpace(stacked, "cuda").dims
+    assert apply_recipe(parse("gemm(cublaslt,3,batched)"), stacked).gemm == GemmConfig("cublaslt", algo=3, batched=True)
+    assert apply_recipe(parse("gemm(cublas,batched)"), stacked).gemm == GemmConfig("cublas", batched=True)
+    for text in ("gemm(cublaslt,3,batched)", "gemm(cublas,batched)"):
+        assert format_recipe(parse(text)) == text and set(parse(text)) <= set(space)
+    # each vendor configuration, then its batched twin: the fill measures both shapes of the heuristic's first choice
+    assert [str(r) for r in RecipeSpace(stacked, "cuda").vendor_ranked()[:4]] == [
+        "gemm(cublaslt,0)", "gemm(cublaslt,0,batched)", "gemm(cublaslt,1)", "gemm(cublaslt,1,batched)"]
+    for bad, target in (("gemm(cublaslt,0,batched)", program), ("gemm(cublas,batched)", lower(bmm(2, 8, 16, 24,
+                        "float32"))), ("gemm(cublaslt,0,batch)", stacked), ("gemm(cublas,batched,batched)", stacked)):
+        with pytest.raises(ScheduleError):  # no batches to stack (one matrix, or a B per batch), or a bad argument
+            apply_recipe(parse(bad), target)
 
 
 def test_cublas_path_is_a_library_launch_then_an_epilogue_kernel() -> None:
@@ -162,6 +175,9 @@ def test_cublas_path_is_a_library_launch_then_an_epilogue_kernel() -> None:
     assert [launch.library for launch in plain.launches] == ["cublas_gemm"]  # nothing left for a kernel
     scalars = {a.name: a.value for a in plain.launches[0].args if not hasattr(a, "shape")}
     assert (scalars["n"], scalars["batch"], scalars["stride_a"]) == (8, 2, 16 * 24)  # each batch its own B
+    batched = generate(apply_recipe(parse("gemm(cublas,batched)"), program), "cuda").launches[0]
+    scalars = {a.name: a.value for a in batched.args if not hasattr(a, "shape")}
+    assert (scalars["n"], scalars["batch"], scalars["stride_b"], scalars["stride_c"]) == (64, 3, 64 * 40, 64 * 48)
 
 
 def test_batches_stack_into_one_matrix_only_when_b_is_shared_and_a_runs_on() -> None:
@@ -235,6 +251,7 @@ CASES = [  # (graph, recipe, what the PTX must hold)
     # stacked batches: one library product of 2 x 3 x 40 rows, the bias (and relu) in cuBLASLt's epilogue
     (linear(40, 64, 24, "float32", transpose_b=True, batch=(2, 3), residual=True), "gemm(cublas)", (".entry tb_gemm",)),
     (linear(40, 64, 24, "float32", batch=(2, 3), act="relu"), "gemm(cublaslt,0)", (".entry tb_gemm",)),
+    (linear(40, 64, 24, "float32", batch=(2, 3), act="relu"), "gemm(cublaslt,1,batched)", (".entry tb_gemm",)),
 ]
 
 

@@ -468,10 +468,11 @@ class _GemmGen:
     def vendor(self, plan: VendorPlan) -> Launch:
         """The library launch computing the product (and ``plan``'s folded epilogue) into ``plan.out``: row-major
         ``C = A B`` as column-major ``C^T = B^T A^T``, so the library's A is our B; stacked batches
-        (``Contraction.stacked_rows``) as one product of all their rows."""
+        (``Contraction.stacked_rows``) as one product of all their rows, unless the config is ``batched``."""
         c, g = self.c, self.g
         arg = {a.name: a for a in self.sig.args}
-        rows, batch = (math.prod(c.batch) * c.m, 1) if c.stacked_rows else (c.m, math.prod(c.batch))
+        stacked = c.stacked_rows and not g.batched
+        rows, batch = (math.prod(c.batch) * c.m, 1) if stacked else (c.m, math.prod(c.batch))
         scalars = {
             "trans_a": int(c.b_k_major), "m": c.n, "n": rows, "k": c.k,
             "lda": c.b.outer if c.b_k_major else c.b.k, "ldb": c.a.outer, "ldc": c.n,

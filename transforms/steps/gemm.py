@@ -1,15 +1,17 @@
-"""``gemm(mma|simt,tile_m,tile_n,tile_k,warps,stages,swizzle[,split])``, ``gemm(cublaslt,algo)``, ``gemm(cublas)``
-(cuda), ``gemm(blas)`` (cpu): run a contraction (a matmul with a pointwise epilogue, ``transforms.contraction``) as
-one GEMM kernel with the epilogue fused: ``mma`` (tensor cores, fp16/bf16) or ``simt`` (CUDA cores, fp32/fp64), or
-under split-K (``split`` > 1) as that kernel over parts of k, then one that adds the parts and applies the epilogue;
-or as a vendor GEMM then an epilogue kernel: ``cublaslt`` (the cuBLASLt heuristic's algorithm of rank ``algo``,
-taking the bias and relu or tanh-gelu itself) or ``cublas`` (cuBLAS's default). On cpu, ``gemm(blas)`` runs the
-product with PyTorch's BLAS (MKL / OpenBLAS), then the epilogue as one generated kernel
+"""``gemm(mma|simt,tile_m,tile_n,tile_k,warps,stages,swizzle[,split])``, ``gemm(cublaslt,algo[,batched])``,
+``gemm(cublas[,batched])`` (cuda), ``gemm(blas)`` (cpu): run a contraction (a matmul with a pointwise epilogue,
+``transforms.contraction``) as one GEMM kernel with the epilogue fused: ``mma`` (tensor cores, fp16/bf16) or ``simt``
+(CUDA cores, fp32/fp64), or under split-K (``split`` > 1) as that kernel over parts of k, then one that adds the parts
+and applies the epilogue; or as a vendor GEMM then an epilogue kernel: ``cublaslt`` (the cuBLASLt heuristic's
+algorithm of rank ``algo``, taking the bias and relu or tanh-gelu itself) or ``cublas`` (cuBLAS's default), stacked
+batches as one product of all their rows unless ``batched`` (``transforms.contraction.Contraction.stacked_rows``).
+On cpu, ``gemm(blas)`` runs the product with PyTorch's BLAS (MKL / OpenBLAS), then the epilogue as one generated kernel
 (``transforms.codegen.vendor``): a whole recipe beside the generated loops' space (``transforms.space``), float32 /
 float64 only. See :class:`~transforms.contraction.GemmConfig` for the parameters."""
 
 from embed.loopnest import LoopProgram
 from transforms.contraction import (
+    BATCHED,
     LT_ALGOS,
     PATHS,
     SPLIT_K,
@@ -53,14 +55,14 @@ class Gemm(Transformation):
                 raise ScheduleError(f"step {step}: the program is not a float32 / float64 contraction")
             return schedule.set(vendor=("gemm", "blas"))
         path = expect_ident(step, 0, PATHS)
-        if path == "cublas":
-            if len(step.args) > 1:
-                raise ScheduleError(f"step {step}: gemm(cublas) takes no other argument")
-            config = GemmConfig(path)
-        elif path == "cublaslt":
-            if len(step.args) != 2:
-                raise ScheduleError(f"step {step}: gemm(cublaslt) takes the algorithm's heuristic rank")
-            config = GemmConfig(path, algo=expect_int(step, 1, range(LT_ALGOS)))
+        if path in VENDOR_PATHS:
+            known = 1 if path == "cublas" else 2  # cublaslt: the algorithm's heuristic rank
+            batched = len(step.args) == known + 1 and expect_ident(step, known, (BATCHED,)) == BATCHED
+            if len(step.args) != known + batched:
+                raise ScheduleError(f"step {step}: gemm({path}) takes "
+                                    f"{'the heuristic rank, then ' if known == 2 else ''}an optional {BATCHED}")
+            algo = expect_int(step, 1, range(LT_ALGOS)) if known == 2 else 0
+            config = GemmConfig(path, algo=algo, batched=batched)
         else:
             if len(step.args) not in (7, 8):
                 raise ScheduleError(f"step {step}: gemm({path}) takes tile_m, tile_n, tile_k, warps, stages, swizzle"
