@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db.models import Device, Embedding, Subgraph
@@ -45,6 +45,19 @@ def profiled_subgraphs(session: Session, device_id: int) -> list[int]:
              .where(Embedding.device_id == device_id, Embedding.encoder == PROFILE_ENCODER)
              .order_by(Embedding.subgraph_id))
     return list(session.scalars(query))
+
+
+def profile_sources(session: Session, device_id: int) -> list[int]:
+    """The device, then the other devices of its class (the same vector index and arch) by how many subgraphs they
+    have profiled, most first, those with none left out: where an encoder may be fitted, and whose measured recipes
+    a neighbour may lend where it has none on this device."""
+    device_class = select(Device.device_class).where(Device.id == device_id).scalar_subquery()
+    counts = (select(Embedding.device_id, func.count())
+              .join(Device, Device.id == Embedding.device_id)
+              .where(Device.device_class == device_class, Device.id != device_id,
+                     Embedding.encoder == PROFILE_ENCODER)
+              .group_by(Embedding.device_id).order_by(func.count().desc(), Embedding.device_id))
+    return [device_id, *(other for other, _ in session.execute(counts))]
 
 
 class EncoderStore:

@@ -7,8 +7,10 @@ Per distinct subgraph, in partition order:
   time: the stored best recipe is reused with no search and nothing is run;
 * **transfer**: otherwise the subgraph is embedded with the promoted encoder (the first of learned,
   static+profiled, static that has a promoted version; with none, ``static`` is fitted once on the device's
-  profiled subgraphs, saved and promoted), its k nearest neighbours come from the persistent vector index
-  (``TUNEBANK_INDEX_FACTORY``), their recipes are adapted, filled, validated and timed
+  profiled subgraphs, or where it has none on those of another device of its class, saved and promoted), its k
+  nearest neighbours come from the persistent vector index (``TUNEBANK_INDEX_FACTORY``; a neighbour never measured
+  on this device lends the recipe another device of its class measured fastest, e.g. an H100's on an H200, and the
+  report names that device), their recipes are adapted, filled, validated and timed
   (``service.transfer.transfer_from``) beside the vendor libraries' own implementations (cuDNN for a
   convolution: candidates however many neighbours there are), and eager PyTorch is timed too. Each batch of
   measurements is stored as soon as it is taken, so Ctrl-C or a crash loses none (and a rerun measures none of them
@@ -51,9 +53,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sqlalchemy import select
 
 from db.index import IndexConfig, VectorIndex
 from db.migrate import check_schema
+from db.models import Device
 from db.repositories.baselines import eager_times, request_crawl
 from db.repositories.embeddings import EmbeddingIn, IndexKey, add_embeddings
 from db.repositories.model_catalog import add_model
@@ -67,7 +71,7 @@ from embed.partition import partition_nodes
 from embed.profile import DeviceSpec, roofline_bound
 from embed.subgraph import Subgraph, SubgraphKind
 from service.crawl import profile_vector
-from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profiled_subgraphs
+from service.embeddings import EncoderStore, embed_subgraphs, fit_encoder, profile_sources, profiled_subgraphs
 from service.fused_attention import fuse_attentions
 from service.measure import MeasurementTable, Measurer, live_measurer
 from service.measurement_store import MeasurementStore
@@ -297,35 +301,42 @@ def _step_seconds(row: SubgraphReport) -> float | None:
 
 
 class _Search:
-    """The promoted encoder and the persistent index, opened on first use (never when every subgraph is a hit)."""
+    """The promoted encoder and the persistent index, opened on first use (never when every subgraph is a hit), and
+    the devices of this one's class that may lend a neighbour their recipes (``lenders``)."""
 
     def __init__(self, ctx: Context, device_id: int, stages: _Stages) -> None:
         self.ctx, self.device_id, self.stages = ctx, device_id, stages
         self.opened = False
         self.encoder: Encoder | None = None
         self.index: VectorIndex | None = None
+        self.lenders: list[int] = []
 
     def open(self) -> None:
         if self.opened:
             return
         started = time.perf_counter()
         self.opened = True
-        self.encoder = _promoted_encoder(self.ctx, self.device_id)
+        with self.ctx.database.scope() as session:
+            sources = profile_sources(session, self.device_id)
+        self.lenders = sources[1:]
+        self.encoder = _promoted_encoder(self.ctx, sources)
         if self.encoder is not None:
             key = IndexKey(self.ctx.device.device_class, self.encoder.name, self.encoder.version)
             self.index = VectorIndex.open(self.ctx.database, key, self.ctx.index_dir, self.ctx.index_config)
         self.stages.add("index", started)
 
 
-def _promoted_encoder(ctx: Context, device_id: int) -> Encoder | None:
+def _promoted_encoder(ctx: Context, sources: Sequence[int]) -> Encoder | None:
     """The first encoder of :data:`ENCODER_PREFERENCE` with a promoted version; else ``static`` fitted on the
-    device's profiled subgraphs, saved, promoted and used to embed them; None when fewer than 2 are profiled."""
+    profiled subgraphs of the first device of ``sources`` (this device, then the others of its class:
+    ``profile_sources``) that has at least 2, saved, promoted and used to embed them; None when none has."""
     for name in ENCODER_PREFERENCE:
         if ctx.encoders.promoted(name):
             return ctx.encoders.load(name)
     with ctx.database.scope() as session:
-        ids = profiled_subgraphs(session, device_id)
-        if len(ids) < 2:
+        profiled = ((device, ids) for device in sources if len(ids := profiled_subgraphs(session, device)) >= 2)
+        device_id, ids = next(profiled, (None, []))
+        if device_id is None:
             return None
         fitted = fit_encoder(session, "static", device_id=device_id, subgraph_ids=ids, backend=ctx.backend)
         embed_subgraphs(session, fitted, device_id=device_id, subgraph_ids=ids)
@@ -380,20 +391,23 @@ def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context,
     search.open()
     started = time.perf_counter()
     near: list[Neighbour] = []
+    names: dict[int, str] = {}
     vector = None
     if search.encoder is not None and search.index is not None:
         vector = search.encoder.encode(_features(search.encoder, task, subgraph, measurer, ctx))[0]
         with ctx.database.scope() as session:
             near = neighbours(session, search.index, vector, task=task, device_id=device_id, k=config.k,
-                              backend=ctx.backend, exclude={h})
+                              backend=ctx.backend, exclude={h}, lenders=search.lenders)
+            lent = {n.lent_by for n in near} - {None}
+            names = dict(session.execute(select(Device.id, Device.name).where(Device.id.in_(lent))).tuples().all())
     stages.add("neighbours", started)
     started = time.perf_counter()
     result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=config.k,
                            fill=config.fill, seed=config.seed, library=True)
     eager_s = measurer.eager(task, h)
     stages.add("measure", started)
-    row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe}
-                      for n in near]
+    row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe,
+                       "lent_by": names.get(n.lent_by)} for n in near]
     row.candidates = [{"recipe": t.recipe, "origin": t.origin, "seconds": t.result.median_s if t.result.ok else None,
                        "error": None if t.result.ok else t.result.error_kind,
                        "message": None if t.result.ok else t.result.error} for t in result.tried]

@@ -24,7 +24,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from db.index import VectorIndex
-from db.repositories.rankings import best_recipes, top_k_recipes
+from db.repositories.rankings import RecipeTiming, best_recipes, top_k_recipes
 from embed.errors import EmbedError
 from embed.ir import graph_from_json
 from embed.lower import lower
@@ -55,6 +55,7 @@ class Neighbour:
     recipe: str
     changes: tuple[str, ...]
     newer_knobs: tuple[str, ...] = ()  # knobs of its own space that its stored recipe lacks: added after the crawl
+    lent_by: int | None = None  # the device whose measurement gave the recipe, when not the query's own
 
 
 @dataclass(frozen=True)
@@ -85,19 +86,29 @@ class TransferResult:
 
 
 def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task: Task, device_id: int, k: int,
-               backend: str, exclude: Collection[str] = (), per_neighbour: int = 1) -> list[Neighbour]:
-    """The ``k`` nearest subgraphs of the task's kind that have a measured recipe on the device (``exclude``:
-    structural hashes to skip), each with its ``per_neighbour`` fastest recipes adapted to the task, nearest and
-    fastest first. A recipe none of whose steps applies to the task (it adapts to nothing) is left out."""
+               backend: str, exclude: Collection[str] = (), per_neighbour: int = 1,
+               lenders: Sequence[int] = ()) -> list[Neighbour]:
+    """The ``k`` nearest subgraphs of the task's kind that have a measured recipe on the device, or else on the
+    first of ``lenders`` (devices of its class: ``service.embeddings.profile_sources``) that has one
+    (``exclude``: structural hashes to skip), each with its ``per_neighbour`` fastest recipes adapted to the task,
+    nearest and fastest first. A recipe none of whose steps applies to the task (it adapts to nothing) is left out."""
     found = index.search(session, vector, k + len(exclude), kinds={task.kind})
     hits = [(row, d) for row, d in zip(found.subgraphs, found.distances, strict=True)
             if row.structural_hash not in exclude][:k]
-    if per_neighbour == 1:
-        best = best_recipes(session, device_id=device_id, subgraph_ids=[row.id for row, _ in hits])
-        ranked = {row.id: [best[row.id]] if row.id in best else [] for row, _ in hits}
-    else:
-        ranked = {row.id: top_k_recipes(session, subgraph_id=row.id, device_id=device_id, k=per_neighbour)
-                  for row, _ in hits}
+    ranked: dict[int, list[RecipeTiming]] = {row.id: [] for row, _ in hits}
+    lent_by: dict[int, int] = {}
+    for device in (device_id, *lenders):
+        missing = [i for i, timings in ranked.items() if not timings]
+        if not missing:
+            break
+        if per_neighbour == 1:
+            best = best_recipes(session, device_id=device, subgraph_ids=missing)
+            found_here = {i: [best[i]] for i in missing if i in best}
+        else:
+            found_here = {i: top for i in missing
+                          if (top := top_k_recipes(session, subgraph_id=i, device_id=device, k=per_neighbour))}
+        ranked.update(found_here)
+        lent_by.update(dict.fromkeys(found_here, device) if device != device_id else {})
     out = []
     for row, distance in hits:
         own = _own_space(row.ir_json, backend) if ranked[row.id] else None
@@ -107,7 +118,7 @@ def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task
             if recipe:
                 newer = tuple(sorted(own.unset_knobs(stored))) if own is not None else ()
                 out.append(Neighbour(row.id, row.structural_hash, distance, timing.recipe, str(recipe),
-                                     tuple(changes), newer))
+                                     tuple(changes), newer, lent_by.get(row.id)))
     return out
 
 

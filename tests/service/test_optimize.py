@@ -286,3 +286,23 @@ def test_subgraphs_eager_runs_under_their_bound_get_no_trial(ctx: Context) -> No
     tunable = [s for s in result.report.subgraphs if s.source != "not tunable"]
     assert tunable and all(s.source == "bound" and s.choice == "eager" and not s.candidates for s in tunable)
     assert "trial" not in events and result.report.measured == 0 and result.plan.kernels == 0
+
+
+def test_a_device_that_measured_nothing_transfers_from_the_devices_of_its_class(ctx: Context, tmp_path: Path) -> None:
+    config = OptimizeConfig(margin=1e9, time_model=False, **FAST)
+
+    def on(name: str, device_class: str) -> Context:  # another machine: its own encoders and index files
+        return replace(ctx, device=replace(DEVICE, name=name, device_class=device_class),
+                       encoders=EncoderStore(tmp_path / name / "encoders"), index_dir=tmp_path / name / "index")
+
+    head = _graph(torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU()))
+    with Worker() as worker:
+        optimize(_graph(Encoder()), ctx, worker=worker, config=config)  # "cpu:test" measures and profiles the seed
+        sibling = optimize(head, on("cpu:sibling", DEVICE.device_class), worker=worker, config=config)
+        seed_again = optimize(_graph(Encoder()), on("cpu:sibling", DEVICE.device_class), worker=worker, config=config)
+        stranger = optimize(head, on("cpu:stranger", "cpu:other"), worker=worker, config=config)
+    (gemm,) = sibling.report.subgraphs
+    assert gemm.source == "transfer" and gemm.neighbours  # the seed model's GEMM, measured on "cpu:test" only
+    assert {n["lent_by"] for n in gemm.neighbours} == {DEVICE.name}
+    assert {s.source for s in seed_again.report.subgraphs} == {"transfer"}  # hits stay this device's own
+    assert not any(s.neighbours for s in stranger.report.subgraphs)  # another class lends nothing

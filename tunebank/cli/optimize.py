@@ -173,6 +173,10 @@ def _print(report: OptimizeReport | Report) -> None:
                       _us(s.eager_s), f"{s.speedup:.2f}" if s.speedup else "-")
     console.print(table)
     console.print("near: nearest neighbour's distance; tried: candidates/failed; *: queued for the crawler")
+    lenders = sorted({str(x["lent_by"]) for s in report.subgraphs for x in s.neighbours if x.get("lent_by")})
+    if lenders:
+        console.print(f"neighbours' recipes measured on {escape(', '.join(lenders))} (this device's class), not here: "
+                      "crawl on this device for its own")
     for n, s in enumerate(report.subgraphs):
         if s.source == "not tunable":
             console.print(f"#{n} not tunable: {escape(str(s.reason))}")
