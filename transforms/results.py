@@ -7,7 +7,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
-ErrorKind = Literal["compile", "launch", "timeout", "wrong", "nan"]
+#: "slow": not run, its launch cannot beat the fastest time known (``transforms.launch_bound``).
+ErrorKind = Literal["compile", "launch", "timeout", "wrong", "nan", "slow"]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
 

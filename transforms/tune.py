@@ -21,19 +21,22 @@ from typing import Protocol
 
 import numpy as np
 
+from embed.features import static_features
 from embed.ir import Graph
 from embed.loopnest import LoopProgram
 from embed.lower import lower
 from embed.partition import partition
+from embed.profile import work
 from embed.subgraph import Subgraph
 from transforms.build import Source, build_each
 from transforms.codegen import Kernel, generate
 from transforms.compilers import cuda
+from transforms.launch_bound import fewest_seconds
 from transforms.problem import described_problem, quantized_inputs
 from transforms.recipe import Recipe
 from transforms.reorder import chain_orders, chains, describe
 from transforms.results import RunResult
-from transforms.run import Problem, Trial, Worker, fastest, run
+from transforms.run import SLOWER_FACTOR, Problem, Trial, Worker, fastest, run
 from transforms.schedule import ScheduleError
 from transforms.search import create
 from transforms.search.strategy import Evaluate, Strategy, search
@@ -126,12 +129,16 @@ def evaluator(
 ) -> Callable[[list[Recipe]], list[RunResult]]:
     """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time (a candidate far slower
     than the fastest measured so far, or than ``best_s`` known before, is timed by one call:
-    ``transforms.run.SLOWER_FACTOR``)."""
+    ``transforms.run.SLOWER_FACTOR``; on cuda one whose launch cannot come within that factor of it is not run:
+    error kind "slow", ``transforms.launch_bound``)."""
     incumbent = best_s
+    flops = work(static_features(task.program))[0] if backend == "cuda" else 0.0
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
         nonlocal incumbent
         made = kernels(task.program, recipes, backend)
+        if backend == "cuda":
+            made = [out_of_reach(k, flops, incumbent) or k if isinstance(k, Kernel) else k for k in made]
         ok = [k for k in made if isinstance(k, Kernel)]
         arch = cuda.device_arch() if backend == "cuda" else ""  # machine code for the GPU the worker runs on
         builds = build_each([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs)
@@ -142,9 +149,20 @@ def evaluator(
         measured = run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2, best_s=incumbent)
         incumbent = fastest(measured, incumbent)
         results = iter(measured)
-        return [next(results) if isinstance(k, Kernel) else RunResult.failure("launch", k) for k in made]
+        return [next(results) if isinstance(k, Kernel) else k if isinstance(k, RunResult)
+                else RunResult.failure("launch", k) for k in made]
 
     return evaluate_recipes
+
+
+def out_of_reach(kernel: Kernel, flops: float, best_s: float) -> RunResult | None:
+    """The "slow" result of a cuda ``kernel`` whose launch cannot take under ``SLOWER_FACTOR`` times ``best_s``
+    (``transforms.launch_bound``), else None."""
+    bound = fewest_seconds(kernel, flops)
+    if bound is None or not bound > SLOWER_FACTOR * best_s:
+        return None
+    return RunResult.failure("slow", f"not run: its launch takes at least {bound * 1e6:.4g} us for {flops:.4g} flops, "
+                                     f"over {SLOWER_FACTOR:g}x the {best_s * 1e6:.4g} us known for the subgraph")
 
 
 def eager_seconds(task: Task, *, repeats: int = 10, backend: str = "cpu") -> float:
