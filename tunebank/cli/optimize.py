@@ -164,15 +164,18 @@ def _print(report: OptimizeReport | Report) -> None:
     for n, s in enumerate(report.subgraphs):
         nearest = min((x["distance"] for x in s.neighbours), default=None)
         near = f"{nearest:.2f}" if nearest is not None else "-"
-        failed = sum(c["error"] is not None for c in s.candidates)
-        tried = f"{len(s.candidates)}" + (f"/{failed}x" if failed else "")
+        failed = sum(c["error"] not in (None, "slow") for c in s.candidates)
+        skipped = sum(c["error"] == "slow" for c in s.candidates)
+        tried = f"{len(s.candidates) - skipped}" + (f"/{failed}x" if failed else "")
+        tried += f"+{skipped}" if skipped else ""
         chosen = s.kernel_s if s.choice == "kernel" else s.eager_s
         source = "untunable" if s.source == "not tunable" else s.source + ("*" if s.queued else "")
         ops = "+".join(s.ops) + (f" x{s.occurrences}" if s.occurrences > 1 else "")
         table.add_row(str(n), escape(ops), source, near, tried, s.choice, _us(chosen),
                       _us(s.eager_s), f"{s.speedup:.2f}" if s.speedup else "-")
     console.print(table)
-    console.print("near: nearest neighbour's distance; tried: candidates/failed; *: queued for the crawler")
+    console.print("near: nearest neighbour's distance; tried: candidates run/failed(+not run: their launch could "
+                  "not come within 4x of the fastest known); *: queued for the crawler")
     lenders = sorted({str(x["lent_by"]) for s in report.subgraphs for x in s.neighbours if x.get("lent_by")})
     if lenders:
         console.print(f"neighbours' recipes measured on {escape(', '.join(lenders))} (this device's class), not here: "
