@@ -105,3 +105,25 @@ def test_an_onnx_export_optimizes_into_a_plan_that_runs_with_the_files_own_weigh
     loaded = tunebank.load(plan, settings=Settings(data_dir=tmp_path))
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_the_table_counts_candidates_not_run_apart_from_failures(capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from service.optimize_report import OptimizeReport, SubgraphReport
+    from tunebank.cli import optimize
+    from tunebank.cli.optimize import _print
+
+    monkeypatch.setattr(optimize, "console", Console(width=200, highlight=False))  # whatever the terminal's width
+
+    errors = [None, "wrong", "slow", "slow", None]
+    row = SubgraphReport("conv", "reduction", "h" * 64, ["conv2d"], 1, "transfer", eager_s=1e-5,
+                         candidates=[{"recipe": f"r{n}", "origin": "random", "seconds": None, "error": e,
+                                      "message": None} for n, e in enumerate(errors)],
+                         neighbours=[{"structural_hash": "n" * 64, "distance": 0.5, "recipe": "r0",
+                                      "lent_by": "cuda:NVIDIA H100 80GB HBM3"}])
+    _print(OptimizeReport("m", "cuda", "cuda:NVIDIA H200", "nvrtc", subgraphs=[row]))
+    out = capsys.readouterr().out
+    assert "3/1x+2" in out  # 3 run, 1 of them failed, 2 not run
+    assert "neighbours' recipes measured on cuda:NVIDIA H100 80GB HBM3" in out
