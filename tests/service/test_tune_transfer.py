@@ -73,7 +73,8 @@ def test_tune_transfer_reports_neighbours_and_a_validated_winner(cli: tuple[CliR
         assert 1 <= len(row["neighbours"]) <= 2 and {n["structural_hash"] for n in row["neighbours"]} <= stored
         cost = {r: synthetic_seconds(tasks[row["structural_hash"]], parse(r))
                 for r in {defaults[row["structural_hash"]], *(n["recipe"] for n in row["neighbours"])}}
-        assert row["evaluations"] == len(cost) and row["winner"] == min(cost, key=cost.get)
+        # a fastest one: recipes can tie in the synthetic times, and a set's order changes with the hash seed
+        assert row["evaluations"] == len(cost) and cost[row["winner"]] == min(cost.values())
         assert (row["winner_s"], row["default_s"]) == (min(cost.values()), cost[defaults[row["structural_hash"]]])
     assert any(row["winner"] != defaults[row["structural_hash"]] for row in rows)  # a neighbour's recipe won
 
