@@ -5,8 +5,8 @@ import pytest
 from transforms.results import ERROR_KINDS, BuildResult, RunResult
 
 
-def test_error_kinds_are_the_documented_five():
-    assert ERROR_KINDS == ("compile", "launch", "timeout", "wrong", "nan")
+def test_error_kinds_are_the_documented_six():
+    assert ERROR_KINDS == ("compile", "launch", "timeout", "wrong", "nan", "slow")
 
 
 def test_failure_scores_infinity_and_ok_scores_its_median():
