@@ -130,15 +130,17 @@ def evaluator(
     """``evaluate(recipes) -> results`` for ``task``: generate, compile, validate and time (a candidate far slower
     than the fastest measured so far, or than ``best_s`` known before, is timed by one call:
     ``transforms.run.SLOWER_FACTOR``; on cuda one whose launch cannot come within that factor of it is not run:
-    error kind "slow", ``transforms.launch_bound``)."""
+    error kind "slow", ``transforms.launch_bound``; the default recipe, every subgraph's baseline, always runs)."""
     incumbent = best_s
     flops = work(static_features(task.program))[0] if backend == "cuda" else 0.0
+    default = default_recipe(task.program, backend) if backend == "cuda" else None
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
         nonlocal incumbent
         made = kernels(task.program, recipes, backend)
         if backend == "cuda":
-            made = [out_of_reach(k, flops, incumbent) or k if isinstance(k, Kernel) else k for k in made]
+            made = [out_of_reach(k, flops, incumbent) or k if isinstance(k, Kernel) and r != default else k
+                    for r, k in zip(recipes, made, strict=True)]
         ok = [k for k in made if isinstance(k, Kernel)]
         arch = cuda.device_arch() if backend == "cuda" else ""  # machine code for the GPU the worker runs on
         builds = build_each([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs)

@@ -3,13 +3,17 @@ launch can do, and a candidate far over the fastest time known is not compiled o
 
 import math
 
+import pytest
+
 from embed.features import static_features
 from embed.profile import work
 from tests.transforms.kernels import single
+from transforms import tune
 from transforms.codegen import Kernel
 from transforms.launch_bound import LANE_FLOPS_PER_S, fewest_seconds
 from transforms.recipe import parse
 from transforms.run import Buffer, Launch
+from transforms.space import default_recipe
 from transforms.tune import evaluator, kernels, make_task, out_of_reach
 
 ARGS = (Buffer("x", (8,), "float32"), Buffer("y", (8,), "float32", kind="output"))
@@ -47,3 +51,16 @@ def test_a_cuda_candidate_out_of_reach_is_neither_compiled_nor_run(tmp_path) -> 
     bound = flops / (LANE_FLOPS_PER_S * threads)
     (result,) = evaluator(task, backend="cuda", cache_dir=tmp_path, best_s=bound / 5)([recipe])
     assert result.error_kind == "slow" and not list(tmp_path.iterdir())  # nothing compiled into the cache
+
+
+def test_the_default_recipe_runs_however_slow_its_launch(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = make_task(single("reduce_sum", [("x", (512, 4096), "float32")], (512,), "float32", axes=[1]))
+    default = default_recipe(task.program, "cuda")
+    (kernel,) = kernels(task.program, [default], "cuda")
+    bound = fewest_seconds(kernel, work(static_features(task.program))[0])
+    assert bound is not None
+    compiled = []  # what the evaluator hands the compiler (which compiles nothing here)
+    monkeypatch.setattr(tune, "build_each", lambda sources, **_: compiled.extend(sources) or iter(()))
+    with pytest.raises(ValueError):  # no build came back for the kernel it meant to run
+        evaluator(task, backend="cuda", cache_dir=tmp_path, best_s=bound / 100)([default])
+    assert len(compiled) == 1
