@@ -306,9 +306,13 @@ def _tunebank(module: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def _subgraph_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per distinct subgraph: what was chosen, its times, the candidates tried and the neighbours they came from."""
+    """Per distinct subgraph: what was chosen (and its recipe), its times, the candidates tried (origin, recipe,
+    seconds or error kind) and the neighbours they came from."""
     return [{"ops": "+".join(r["ops"]), "hash": r["structural_hash"], "source": r["source"], "choice": r["choice"],
-             "kernel_s": r["kernel_s"], "eager_s": r["eager_s"], "tried": len(r.get("candidates") or ()),
+             "recipe": r.get("recipe"), "kernel_s": r["kernel_s"], "eager_s": r["eager_s"],
+             "tried": len(r.get("candidates") or ()),
+             "candidates": [[c["origin"], c["recipe"], c["seconds"] if c["error"] is None else c["error"]]
+                            for c in r.get("candidates") or ()],
              "neighbours": [[n["structural_hash"], n["distance"]] for n in r.get("neighbours") or ()]}
             for r in report.get("subgraphs", [])]
 

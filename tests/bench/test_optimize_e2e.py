@@ -209,3 +209,17 @@ def test_new_families_run_on_cpu_at_small_sizes() -> None:
         with torch.no_grad():
             out = module(*inputs)
             assert torch.isfinite(out).all() and torch.equal(out, again(*inputs2)), name  # seeded
+
+
+def test_the_rows_keep_each_candidates_time_or_error() -> None:
+    from bench.optimize_e2e import _subgraph_rows
+
+    row = {"ops": ["conv2d", "relu"], "structural_hash": "h", "source": "transfer", "choice": "kernel",
+           "recipe": "conv(torch)", "kernel_s": 1e-5, "eager_s": 2e-5,
+           "candidates": [{"origin": "library", "recipe": "conv(torch)", "seconds": 1e-5, "error": None},
+                          {"origin": "random", "recipe": "fuse(none)", "seconds": None, "error": "slow"}],
+           "neighbours": [{"structural_hash": "n", "distance": 0.5, "recipe": "conv(torch)"}]}
+    (out,) = _subgraph_rows({"subgraphs": [row]})
+    assert out["ops"] == "conv2d+relu" and out["recipe"] == "conv(torch)" and out["tried"] == 2
+    assert out["candidates"] == [["library", "conv(torch)", 1e-5], ["random", "fuse(none)", "slow"]]
+    assert out["neighbours"] == [["n", 0.5]]
