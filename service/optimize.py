@@ -411,10 +411,11 @@ def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context,
     row.candidates = [{"recipe": t.recipe, "origin": t.origin, "seconds": t.result.median_s if t.result.ok else None,
                        "error": None if t.result.ok else t.result.error_kind,
                        "message": None if t.result.ok else t.result.error} for t in result.tried]
-    ok = [t for t in result.tried if t.result.ok]
-    if ok:
-        fastest = min(ok, key=lambda t: t.result.median_s)
-        row.recipe, row.kernel_s = fastest.recipe, fastest.result.median_s
+    # the fastest of this run's candidates and of what earlier runs stored for the subgraph: what a hit would take
+    measured = {recipe: s for recipe, s in measurer.table.results.get(h, {}).items() if not isinstance(s, str)}
+    if measured:
+        row.recipe = min(measured, key=measured.__getitem__)
+        row.kernel_s = measured[row.recipe]
     row.eager_s = eager_s if math.isfinite(eager_s) else None
     row.choose(config.margin)
     nearest = min((n.distance for n in near), default=None)

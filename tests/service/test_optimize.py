@@ -306,3 +306,23 @@ def test_a_device_that_measured_nothing_transfers_from_the_devices_of_its_class(
     assert {n["lent_by"] for n in gemm.neighbours} == {DEVICE.name}
     assert {s.source for s in seed_again.report.subgraphs} == {"transfer"}  # hits stay this device's own
     assert not any(s.neighbours for s in stranger.report.subgraphs)  # another class lends nothing
+
+
+def test_a_transfer_chooses_the_fastest_kernel_stored_for_the_subgraph_not_only_this_runs(ctx: Context) -> None:
+    from embed.partition import partition_nodes
+    from service.measurement_store import MeasurementStore
+    from service.transfer import random_recipes
+    from transforms.space import RecipeSpace
+    from transforms.tune import make_task
+
+    graph = _graph(Encoder())
+    first = next(s for s, _ in partition_nodes(graph) if s.tunable)
+    task = replace(make_task(first), key=first.structural_hash)
+    stored = random_recipes(RecipeSpace(task.program, "cpu"), 40, seed=7)[-1]  # what an interrupted run measured
+    store = MeasurementStore(ctx.database, ctx.device, ctx.toolchain, [first])
+    store.measured(task, [stored], [RunResult(ok=True, median_s=1e-9, repeats=1)])
+    with Worker() as worker:
+        result = optimize(graph, ctx, worker=worker, config=OptimizeConfig(time_model=False, **FAST))
+    row = next(s for s in result.report.subgraphs if s.structural_hash == first.structural_hash)
+    assert row.source == "transfer" and str(stored) not in {c["recipe"] for c in row.candidates}  # not tried again
+    assert (row.recipe, row.kernel_s, row.choice) == (str(stored), 1e-9, "kernel")  # as a hit would choose later
