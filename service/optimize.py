@@ -14,7 +14,8 @@ Per distinct subgraph, in partition order:
   (``service.transfer.transfer_from``) beside the vendor libraries' own implementations (cuDNN for a
   convolution: candidates however many neighbours there are), and eager PyTorch is timed too. Each batch of
   measurements is stored as soon as it is taken, so Ctrl-C or a crash loses none (and a rerun measures none of them
-  again); the subgraph's baseline, profile and embedding follow.
+  again, and chooses among them and its own candidates the fastest, as a hit on the run after it would); the
+  subgraph's baseline, profile and embedding follow.
   A subgraph with no neighbour of its kind, or whose nearest is farther than ``far_distance``, is queued for the
   crawler (``demand``);
 * **bound**: a subgraph to transfer whose eager time is under half its roofline bound (eager moved no data: a view)
