@@ -8,13 +8,15 @@ per process (from CuPy's disk cache after the first), and its kernel makes one p
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
-from embed.cuda_module import GRID_STRIDE, kernels
+_SOURCE = r"""
+#define EACH(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+                             i += (long long)gridDim.x * blockDim.x)
 
-_SOURCE = GRID_STRIDE + r"""
 template <typename T> __device__ T ruled(T raw, int positive, T spread) {
     return positive ? (T)0.5 + (T)1.5 * raw : raw / spread;
 }
@@ -50,8 +52,14 @@ _THREADS = 256
 _BLOCKS = 4096
 
 
-_NAMES = ("finish<float>", "finish<double>", "finish_half", "finish_bfloat16")
-_OPTIONS = ("--fmad=false",)  # a multiply and an add each rounded, as NumPy rounds them
+@functools.cache
+def _kernels() -> dict[str, Any]:
+    """The module's kernels by name, its one compile done on first use in this process."""
+    import cupy as cp
+
+    names = ["finish<float>", "finish<double>", "finish_half", "finish_bfloat16"]
+    module = cp.RawModule(code=_SOURCE, options=("--fmad=false",), name_expressions=names)  # rounded as NumPy rounds
+    return {name: module.get_function(name) for name in names}
 
 
 def finish(out: Any, raw: Any, *, positive: bool, spread: float, bfloat16: bool = False) -> None:
@@ -68,5 +76,4 @@ def finish(out: Any, raw: Any, *, positive: bool, spread: float, bfloat16: bool 
     elif bfloat16:
         name = "finish_bfloat16"
     blocks = max(1, min(_BLOCKS, -(-out.size // _THREADS)))
-    args = (raw, target, np.int64(out.size), np.int32(positive), kind(spread))
-    kernels(_SOURCE, _NAMES, _OPTIONS)[name]((blocks,), (_THREADS,), args)
+    _kernels()[name]((blocks,), (_THREADS,), (raw, target, np.int64(out.size), np.int32(positive), kind(spread)))

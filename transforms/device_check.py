@@ -8,13 +8,15 @@ its two kernels make one pass each over the output and its reference, with one c
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
-from embed.cuda_module import GRID_STRIDE, kernels
+_SOURCE = r"""
+#define EACH(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+                             i += (long long)gridDim.x * blockDim.x)
 
-_SOURCE = GRID_STRIDE + r"""
 // Largest finite |ref| and the worst gap kept as the bits of a non-negative double, whose order as unsigned integers
 // is its order as numbers: an atomicMax on the bits is a max on the values.
 __device__ void keep_largest(unsigned long long* at, double value) {
@@ -65,7 +67,14 @@ _THREADS = 256
 _BLOCKS = 1024  # grid-stride: enough blocks to fill any current GPU, few enough atomics
 
 
-_NAMES = tuple(f"{kernel}<{t}>" for kernel in ("largest_magnitude", "gaps") for t in _TYPES.values())
+@functools.cache
+def _kernels() -> dict[str, Any]:
+    """The module's kernels by name (``gaps<float>``, ...), its one compile done on first use in this process."""
+    import cupy as cp
+
+    names = [f"{kernel}<{t}>" for kernel in ("largest_magnitude", "gaps") for t in _TYPES.values()]
+    module = cp.RawModule(code=_SOURCE, name_expressions=names)
+    return {name: module.get_function(name) for name in names}
 
 
 def tally(output: Any, reference: Any, floor_fraction: float, normal: float) -> tuple[float, int, int]:
@@ -76,12 +85,12 @@ def tally(output: Any, reference: Any, floor_fraction: float, normal: float) -> 
     if output.dtype != reference.dtype or reference.dtype not in _TYPES:
         output, reference = output.astype(np.float64), reference.astype(np.float64)
     output, reference = cp.ascontiguousarray(output), cp.ascontiguousarray(reference)
-    found, kind = kernels(_SOURCE, _NAMES), _TYPES[reference.dtype]
+    kernels, kind = _kernels(), _TYPES[reference.dtype]
     sums = cp.zeros(4, dtype=cp.uint64)
     n = np.int64(output.size)
     blocks = max(1, min(_BLOCKS, -(-output.size // _THREADS)))
-    found[f"largest_magnitude<{kind}>"]((blocks,), (_THREADS,), (output, reference, n, sums))
-    found[f"gaps<{kind}>"]((blocks,), (_THREADS,),
-                           (output, reference, n, np.float64(floor_fraction), np.float64(normal), sums))
+    kernels[f"largest_magnitude<{kind}>"]((blocks,), (_THREADS,), (output, reference, n, sums))
+    kernels[f"gaps<{kind}>"]((blocks,), (_THREADS,),
+                             (output, reference, n, np.float64(floor_fraction), np.float64(normal), sums))
     host = sums.get()
     return float(host[1:2].view(np.float64)[0]), int(host[2]), int(host[3])
