@@ -400,7 +400,8 @@ def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context,
             near = neighbours(session, search.index, vector, task=task, device_id=device_id, k=config.k,
                               backend=ctx.backend, exclude={h}, lenders=search.lenders)
             lent = {n.lent_by for n in near} - {None}
-            names = dict(session.execute(select(Device.id, Device.name).where(Device.id.in_(lent))).tuples().all())
+            if lent:  # another device of the class lent recipes: the report names it
+                names = dict(session.execute(select(Device.id, Device.name).where(Device.id.in_(lent))).tuples().all())
     stages.add("neighbours", started)
     started = time.perf_counter()
     result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=config.k,

@@ -108,7 +108,8 @@ def neighbours(session: Session, index: VectorIndex, vector: np.ndarray, *, task
             found_here = {i: top for i in missing
                           if (top := top_k_recipes(session, subgraph_id=i, device_id=device, k=per_neighbour))}
         ranked.update(found_here)
-        lent_by.update(dict.fromkeys(found_here, device) if device != device_id else {})
+        if device != device_id:
+            lent_by.update(dict.fromkeys(found_here, device))
     out = []
     for row, distance in hits:
         own = _own_space(row.ir_json, backend) if ranked[row.id] else None

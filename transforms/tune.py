@@ -137,7 +137,8 @@ def evaluator(
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
         nonlocal incumbent
-        made = kernels(task.program, recipes, backend)
+        made: list[Kernel | RunResult] = [k if isinstance(k, Kernel) else RunResult.failure("launch", k)
+                                          for k in kernels(task.program, recipes, backend)]
         if backend == "cuda":
             made = [out_of_reach(k, flops, incumbent) or k if isinstance(k, Kernel) and r != default else k
                     for r, k in zip(recipes, made, strict=True)]
@@ -151,8 +152,7 @@ def evaluator(
         measured = run(trials, worker=worker, repeats=repeats, timeout_s=timeout_s, warmup=2, best_s=incumbent)
         incumbent = fastest(measured, incumbent)
         results = iter(measured)
-        return [next(results) if isinstance(k, Kernel) else k if isinstance(k, RunResult)
-                else RunResult.failure("launch", k) for k in made]
+        return [next(results) if isinstance(k, Kernel) else k for k in made]
 
     return evaluate_recipes
 
