@@ -1,9 +1,9 @@
 """Check ``transforms.launch_bound`` against the GPU times of a ``tunebank bench transfer`` recording, on the cpu.
 
-Each recorded kernel is generated again from its recipe and subgraph with today's code. Its bound (the subgraph's
-flops over ``--lane-rate`` times the threads of its widest launch) must not exceed the time the GPU measured. The
-check counts the kernels the bound leaves out at 4x the recorded eager time (what optimize would not compile or run,
-with eager as the only time known; never a default recipe) and the GPU seconds they took.
+Each recorded kernel is generated again from its recipe and subgraph with today's code. Its bound (the subgraph's flops
+over ``--lane-rate`` times the lanes of its widest launch, at most 128 a block) must not exceed the time the GPU
+measured. The check counts the kernels the bound leaves out at 4x the recorded eager time (what optimize would not
+compile or run, with eager as the only time known; never a default recipe) and the GPU seconds they took.
 
     PYTHONPATH=. python bench/launch_bound_check.py bench/results/transfer_strong_h100.json --lane-rate 4e9
 

@@ -1,5 +1,6 @@
-"""The launch bound: a generated cuda kernel takes at least its subgraph's flops over what the lanes of its widest
-launch can do, and a candidate far over the fastest time known is not compiled or run (error kind "slow")."""
+"""The launch bound: a generated cuda kernel takes at least its subgraph's flops over what the lanes of its
+widest launch can do (at most 128 a block), and a candidate far over the fastest time known is not compiled or run
+(error kind "slow")."""
 
 import math
 
@@ -31,6 +32,16 @@ def test_the_widest_launch_sets_the_bound_and_libraries_or_tensor_cores_get_none
     assert abs(fewest_seconds(_kernel(narrow), flops) - 4e-3) < 1e-12
     assert fewest_seconds(_kernel(wide, Launch("cublas_gemm", ARGS, library="cublas_gemm")), flops) is None
     assert fewest_seconds(_kernel(wide, code='asm("mma.sync.aligned.m16n8k16 ...");'), flops) is None
+
+
+def test_a_block_does_arithmetic_on_at_most_one_multiprocessors_lanes() -> None:
+    flops = 128 * LANE_FLOPS_PER_S * 1e-3  # 1 ms of work for 128 lanes
+    one_block = Launch("k", ARGS, grid=(1, 1, 1), block=(1024, 1, 1))  # one multiprocessor: 128 lanes
+    assert abs(fewest_seconds(_kernel(one_block), flops) - 1e-3) < 1e-12
+    two_blocks = Launch("k", ARGS, grid=(2, 1, 1), block=(512, 1, 1))  # 256 lanes
+    assert abs(fewest_seconds(_kernel(two_blocks), flops) - 0.5e-3) < 1e-12
+    many = Launch("k", ARGS, grid=(64, 1, 1), block=(64, 1, 1))  # 4096 threads, all lanes of 64 multiprocessors
+    assert abs(fewest_seconds(_kernel(many), flops) - 1e-3 / 32) < 1e-12
 
 
 def test_a_candidate_is_out_of_reach_only_past_four_times_the_fastest_known() -> None:
