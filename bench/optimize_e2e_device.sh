@@ -10,7 +10,8 @@
 #     of 9061a44 (the recording predates e023981, whose cuda spaces give reshaped contractions gemm recipes it never
 #     measured, so a replay at a later commit stops with "the recording has no measurement of 'gemm(cublaslt,0)'");
 #   out/h100.db (on an H100): bench/db_from_recording.py bench/results/transfer_strong_h100.json out/h100.db
-#     --models <its 12 zoo models>.
+#     --models <its 12 zoo models>, run in a checkout of 3d13e2c (c0fb686's batched twins are recipes the
+#     recording never measured either).
 # Run with carry [".whl", "$DB"]. Calls with different $NAMEs can run side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES), and their checkpoints be combined with bench/optimize_e2e.py --merge.
 set -u
