@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 
 from db.repositories.baselines import set_eager_time
+from db.repositories.rankings import stored_results
 from db.session import Database
 from embed.profile import Baseline, DeviceSpec
 from embed.subgraph import Subgraph
@@ -36,10 +37,20 @@ class MeasurementStore:
             self.subgraphs[subgraph.structural_hash] = subgraph
         return self.ids[subgraph.structural_hash]
 
-    def measured(self, task: Task, recipes: Sequence[Recipe], results: Sequence[RunResult]) -> None:
+    def results(self, subgraph: Subgraph) -> dict[str, float | str]:
+        """What is stored for ``subgraph`` (registered first) on this device and toolchain: recipe -> median
+        seconds, or the error kind of a failure."""
+        subgraph_id = self.register(subgraph)
         with self.database.scope() as session:
-            self.stored += add_measurements(session, self.device, self.toolchain, task.key,
-                                            [(str(r), m) for r, m in zip(recipes, results, strict=True)])
+            return stored_results(session, subgraph_id=subgraph_id, device_id=self.device_id, toolchain=self.toolchain)
+
+    def measured(self, task: Task, recipes: Sequence[Recipe], results: Sequence[RunResult]) -> None:
+        self.add(task.key, [(str(r), m) for r, m in zip(recipes, results, strict=True)])
+
+    def add(self, key: str, results: Sequence[tuple[str, RunResult]]) -> None:
+        """Store (recipe, result) pairs of the registered subgraph of structural hash ``key``."""
+        with self.database.scope() as session:
+            self.stored += add_measurements(session, self.device, self.toolchain, key, results)
 
     def baseline(self, task: Task, default_s: float, eager_s: float) -> None:
         subgraph_id = self.ids[task.key]

@@ -198,10 +198,10 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     chosen = {r.structural_hash: r for r in report.subgraphs}
     steps = [kernels.plan_step(s, chosen[s.structural_hash]) for s in subgraphs]
     seconds = [_step_seconds(chosen[s.structural_hash]) for s in subgraphs]
-    report.attentions = fuse_attentions(graph, parts, steps, seconds, backend=ctx.backend, margin=config.margin,
-                                        repeats=config.repeats, seed=config.seed)
+    report.attentions = fuse_attentions(graph, parts, steps, seconds, store, backend=ctx.backend,
+                                        margin=config.margin, repeats=config.repeats, seed=config.seed)
     before = measurer.evaluations
-    folder = _Folder(graph, parts, chosen, ctx, store, measurer, config.seed, config.fold_margin)
+    folder = _Folder(graph, parts, chosen, ctx.backend, store, measurer, config.seed, config.fold_margin)
     steps = folder.fold(steps)
     report.measured, report.folds_measured = measurer.evaluations, measurer.evaluations - before
     target = Target(ctx.backend, ctx.device.name, ctx.device.device_class, ctx.device.arch, ctx.toolchain)
@@ -252,10 +252,10 @@ class _Folder:
     program any merged subgraph gets where a view of a contraction's output is its store, and one a partition of
     its own never makes otherwise (layout ops beside kernels are subgraphs of their own)."""
 
-    def __init__(self, graph: Graph, parts: Parts, chosen: Mapping[str, SubgraphReport], ctx: Context,
+    def __init__(self, graph: Graph, parts: Parts, chosen: Mapping[str, SubgraphReport], backend: str,
                  store: MeasurementStore, measurer: Measurer, seed: int, margin: float) -> None:
-        self.graph, self.parts, self.backend, self.measurer, self.seed = graph, parts, ctx.backend, measurer, seed
-        self.ctx, self.store, self.margin = ctx, store, margin
+        self.graph, self.parts, self.backend, self.measurer, self.seed = graph, parts, backend, measurer, seed
+        self.store, self.margin = store, margin
         self.seconds = [_step_seconds(chosen[s.structural_hash]) for s, _ in parts]
 
     def fold(self, steps: list[Step]) -> list[Step]:
@@ -286,11 +286,7 @@ class _Folder:
             task = replace(task, program=fold_layout(task.program), key=merged.structural_hash)
         except (ScheduleError, EmbedError, ValueError):
             return None
-        subgraph_id = self.store.register(merged)
-        with self.ctx.database.scope() as session:
-            stored = stored_results(session, subgraph_id=subgraph_id, device_id=self.store.device_id,
-                                    toolchain=self.ctx.toolchain)
-        self.measurer.table.results.setdefault(task.key, {}).update(stored)
+        self.measurer.table.results.setdefault(task.key, {}).update(self.store.results(merged))
         result = self.measurer.measure(task, task.key, [parse(step.recipe)])[0]
         return (result.median_s, made) if result.ok else None
 
