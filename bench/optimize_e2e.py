@@ -301,19 +301,20 @@ def _tunebank(module: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
         summary = {"kernels": fast.plan.kernels, "attentions": fast.plan.attentions, "steps": len(fast.plan.steps),
                    "measured": report.get("measured"), "model_fallback": report.get("model_fallback"),
                    "stages_s": report.get("stages_s"), "sources": _sources(report),
-                   "built_ahead": report.get("built_ahead"), "subgraphs": _subgraph_rows(report)}
+                   "built_ahead": report.get("built_ahead"), "step_impls": [step.impl for step in fast.plan.steps],
+                   "attention_trials": report.get("attentions"), "subgraphs": _subgraph_rows(report)}
         return measure(fast, module, inputs, compile_s=optimize_s, first_output=out, **summary)
 
 
 def _subgraph_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Per distinct subgraph: what was chosen (and its recipe), its times, the candidates tried (origin, recipe,
-    seconds or error kind) and the neighbours they came from."""
+    seconds or error kind) and the neighbours they came from (hash, distance, the device that lent its recipe)."""
     return [{"ops": "+".join(r["ops"]), "hash": r["structural_hash"], "source": r["source"], "choice": r["choice"],
              "recipe": r.get("recipe"), "kernel_s": r["kernel_s"], "eager_s": r["eager_s"],
              "tried": len(r.get("candidates") or ()),
              "candidates": [[c["origin"], c["recipe"], c["seconds"] if c["error"] is None else c["error"]]
                             for c in r.get("candidates") or ()],
-             "neighbours": [[n["structural_hash"], n["distance"]] for n in r.get("neighbours") or ()]}
+             "neighbours": [[n["structural_hash"], n["distance"], n.get("lent_by")] for n in r.get("neighbours") or ()]}
             for r in report.get("subgraphs", [])]
 
 

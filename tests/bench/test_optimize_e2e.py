@@ -218,8 +218,9 @@ def test_the_rows_keep_each_candidates_time_or_error() -> None:
            "recipe": "conv(torch)", "kernel_s": 1e-5, "eager_s": 2e-5,
            "candidates": [{"origin": "library", "recipe": "conv(torch)", "seconds": 1e-5, "error": None},
                           {"origin": "random", "recipe": "fuse(none)", "seconds": None, "error": "slow"}],
-           "neighbours": [{"structural_hash": "n", "distance": 0.5, "recipe": "conv(torch)"}]}
+           "neighbours": [{"structural_hash": "n", "distance": 0.5, "recipe": "conv(torch)", "lent_by": "NVIDIA H100"},
+                          {"structural_hash": "m", "distance": 0.7, "recipe": "conv(torch)", "lent_by": None}]}
     (out,) = _subgraph_rows({"subgraphs": [row]})
     assert out["ops"] == "conv2d+relu" and out["recipe"] == "conv(torch)" and out["tried"] == 2
     assert out["candidates"] == [["library", "conv(torch)", 1e-5], ["random", "fuse(none)", "slow"]]
-    assert out["neighbours"] == [["n", 0.5]]
+    assert out["neighbours"] == [["n", 0.5, "NVIDIA H100"], ["m", 0.7, None]]
