@@ -199,7 +199,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     steps = [kernels.plan_step(s, chosen[s.structural_hash]) for s in subgraphs]
     seconds = [_step_seconds(chosen[s.structural_hash]) for s in subgraphs]
     report.attentions = fuse_attentions(graph, parts, steps, seconds, store, backend=ctx.backend,
-                                        margin=config.margin, repeats=config.repeats, seed=config.seed)
+                                        margin=config.margin, params=params, repeats=config.repeats, seed=config.seed)
     before = measurer.evaluations
     folder = _Folder(graph, parts, chosen, ctx.backend, store, measurer, config.seed, config.fold_margin)
     steps = folder.fold(steps)

@@ -7,9 +7,12 @@ makes of it (the memory-efficient or flash kernel on cuda, which never writes th
     O = matmul(P, V)                       a contraction subgraph of one matmul
 
 is ``O = scaled_dot_product_attention(Q, K, V, attn_mask=M, scale=c)`` when S and P are read by nothing else and
-Q, K and V share their batch dimensions. :func:`find` lists the attentions of a partition; a plan runs one as an
-``attention`` step (``transforms.plan``) at the output matmul's index, which folds the other two subgraphs.
-:func:`trial` validates the fused call against a float64 evaluation and times it like eager subgraphs are timed.
+Q, K and V share their batch dimensions. Where M is a weight that holds a causal mask (:func:`causal`: a decoder's
+0 on and below the diagonal, a huge negative number above it), the call is ``is_causal=True`` without M: the same
+attention, which the fused kernels compute without reading M and skipping the key blocks the mask hides.
+:func:`find` lists the attentions of a partition; a plan runs one as an ``attention`` step (``transforms.plan``) at
+the output matmul's index, which folds the other two subgraphs. :func:`trial` validates the fused call against a
+float64 evaluation and times it like eager subgraphs are timed.
 """
 
 from __future__ import annotations
@@ -160,13 +163,35 @@ def _inner(outer: Mapping[str, str], name: str | None) -> list[str]:
     return [inner for inner, o in outer.items() if o == name]
 
 
-def run(attention: Attention, env: Env) -> None:
-    """Compute the attention's output from ``env``'s tensors (a plan step)."""
+#: Above the diagonal, a causal mask holds -inf, its dtype's lowest value, or at most this: added to a score, it
+#: leaves nothing of it after the softmax's exponential (as a decoder's ``full((s, s), -1e9).triu(1)`` does).
+MASKED = -1e9
+
+
+def causal(mask: Any) -> bool:
+    """Whether tensor ``mask``, added to the scores, is a causal mask: over its last two dims (queries i, keys j) 0
+    where j <= i and masked (:data:`MASKED`) where j > i, with no other dim over 1, so that SDPA's ``is_causal``
+    (which aligns the diagonal at the top left) computes the same attention."""
     import torch
 
-    mask = env[attention.mask] if attention.mask is not None else None
+    if mask.dim() < 2 or any(n != 1 for n in mask.shape[:-2]) or not mask.dtype.is_floating_point:
+        return False
+    square = mask.reshape(mask.shape[-2:])
+    seen = torch.ones(square.shape, dtype=torch.bool, device=square.device).tril()
+    lowest = torch.finfo(square.dtype).min
+    hidden = square[~seen]
+    return bool((square[seen] == 0).all()) and bool(((hidden <= MASKED) | (hidden == lowest)).all())
+
+
+def run(attention: Attention, env: Env, *, is_causal: bool = False) -> None:
+    """Compute the attention's output from ``env``'s tensors (a plan step); ``is_causal``: its mask is causal
+    (:func:`causal`), so the call skips it."""
+    import torch
+
+    mask = env[attention.mask] if attention.mask is not None and not is_causal else None
     env[attention.output] = torch.nn.functional.scaled_dot_product_attention(
-        env[attention.query], env[attention.key], env[attention.value], attn_mask=mask, scale=attention.scale)
+        env[attention.query], env[attention.key], env[attention.value], attn_mask=mask, scale=attention.scale,
+        is_causal=is_causal)
 
 
 def reference(attention: Attention, env: Env) -> Any:
@@ -188,15 +213,18 @@ class Trial:
     seconds: float
     error: float
     tolerance: float
+    is_causal: bool = False
 
     @property
     def ok(self) -> bool:
         return math.isfinite(self.seconds)
 
 
-def trial(attention: Attention, graph: Graph, device: str, *, repeats: int = 10, seed: int = 0) -> Trial:
+def trial(attention: Attention, graph: Graph, device: str, *, mask: Any = None, repeats: int = 10,
+          seed: int = 0) -> Trial:
     """Validate and time the fused call of ``attention`` on ``device`` (cuda: CUDA-graph replay over input copies
-    past L2, as eager subgraphs are timed; cpu: wall clock). Inputs are N(0, 1), the mask U(-1, 1)."""
+    past L2, as eager subgraphs are timed; cpu: wall clock). Inputs are N(0, 1), the mask U(-1, 1) unless the
+    model's own ``mask`` (a tensor: a weight) is given; a causal one (:func:`causal`) is tried as ``is_causal``."""
     import torch
 
     from embed.eager import TORCH_DTYPES
@@ -206,24 +234,27 @@ def trial(attention: Attention, graph: Graph, device: str, *, repeats: int = 10,
     rng = np.random.default_rng(seed)
     inputs = {n: rng.standard_normal(graph.tensors[n].shape) if n != attention.mask
               else rng.uniform(-1, 1, graph.tensors[n].shape) for n in names}
+    if attention.mask is not None and mask is not None:
+        inputs[attention.mask] = mask.detach().to("cpu", torch.float64).numpy()
+    is_causal = mask is not None and causal(mask)
     dtype = TORCH_DTYPES[graph.tensors[attention.query].dtype]
     env = {n: torch.as_tensor(v, device=device, dtype=dtype) for n, v in inputs.items()}
     exact = reference(attention, {n: torch.as_tensor(v, device=device) for n, v in inputs.items()})
     plain = _relative_error(reference(attention, env), exact)
-    run(attention, env)
+    run(attention, env, is_causal=is_causal)
     error = _relative_error(env[attention.output], exact)
     tolerance = max(TOLERANCE.get(str(dtype).removeprefix("torch."), 1e-4), 2 * plain)
     if not error <= tolerance:
-        return Trial(math.nan, error, tolerance)
+        return Trial(math.nan, error, tolerance, is_causal)
 
     def step(tensors: Env) -> None:
-        run(attention, tensors)
+        run(attention, tensors, is_causal=is_causal)
 
     if device == "cuda":
         seconds = graph_replay_seconds(step, inputs, dict.fromkeys(names, dtype), repeats=repeats)
     else:
         seconds = _wall_seconds(step, env, repeats)
-    return Trial(seconds, error, tolerance)
+    return Trial(seconds, error, tolerance, is_causal)
 
 
 def _relative_error(output: Any, exact: Any) -> float:

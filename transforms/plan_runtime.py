@@ -10,7 +10,8 @@ subgraphs in order, each eagerly or as its tuned kernel, on the caller's tensors
 * A layout step folded into a kernel step (``transforms.plan``) runs nothing: that kernel reads or writes through
   the layout's index map. Scratch for a temporary the folded program no longer touches is one element.
 * An attention step runs PyTorch's fused scaled dot-product attention on the query, key, value (and mask) of its
-  three subgraphs (``transforms.attention``); its score and softmax steps run nothing.
+  three subgraphs (``transforms.attention``), causal without reading the mask where the bound weights hold a causal
+  one; its score and softmax steps run nothing.
 * On cuda, with static shapes (always, in tunebank's IR), the whole forward is captured once as a CUDA graph
   and replayed: eager ops and kernels alike, with no Python or launch overhead. Inputs are copied into the
   graph's buffers and outputs cloned out, so a caller's tensors are never aliased. A forward that cannot be
@@ -107,12 +108,15 @@ def _folded_step(env: Env) -> None:
     nothing to do here."""
 
 
-def _attention_step(graph: Graph, parts: Parts, n: int) -> StepFn:
+def _attention_step(graph: Graph, parts: Parts, n: int, params: Mapping[str, torch.Tensor]) -> StepFn:
+    """The attention whose output matmul is step ``n``; ``is_causal`` where its mask is a weight holding a causal
+    mask (checked on the weights bound, not those optimize saw)."""
     found = attention.match(graph, parts, n)
     assert found is not None  # verify() checked it
+    is_causal = found.mask in params and attention.causal(params[found.mask])
 
     def run(env: Env) -> None:
-        attention.run(found, env)
+        attention.run(found, env, is_causal=is_causal)
 
     return run
 
@@ -209,7 +213,7 @@ class PlanModule(torch.nn.Module):
         make = _cuda_step if backend == "cuda" else _cpu_step
         parts = partition_nodes(graph) if any(step.impl == "attention" for step in plan.steps) else []
         self.steps: list[StepFn] = [
-            _folded_step if step.impl == "folded" else _attention_step(graph, parts, n)
+            _folded_step if step.impl == "folded" else _attention_step(graph, parts, n, self.params)
             if step.impl == "attention" else _eager_step(s, self.device) if k is None
             else make(k, a, _Arguments(s, folded=bool(step.folded)), self.device)
             for n, (s, k, a, step) in enumerate(zip(subgraphs, kernels, artifacts, plan.steps, strict=True))

@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from db.migrate import upgrade
 from db.session import Database
 from embed.partition import partition_nodes
-from service.fused_attention import ATTENTION, fuse_attentions
+from service.fused_attention import ATTENTION, CAUSAL, fuse_attentions
 from service.measurement_store import MeasurementStore
 from tests.service.conftest import DEVICE
-from tests.transforms.test_attention import attention_graph
+from tests.transforms.test_attention import L, attention_graph, causal_mask
 from transforms import attention
 from transforms.plan import Step, step_subgraph
 
@@ -29,11 +30,12 @@ def store(tmp_path: Path) -> Iterator[MeasurementStore]:
 
 
 def choose(seconds: list[float | None], store: MeasurementStore, margin: float = 0.05,
-           ) -> tuple[list[str], list[dict[str, Any]]]:
+           params: dict[str, torch.Tensor] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     graph = attention_graph()
     parts = partition_nodes(graph)
     steps = [Step(s.structural_hash, "eager") for s, _ in parts]
-    rows = fuse_attentions(graph, parts, steps, seconds, store, backend="cpu", margin=margin, repeats=3)
+    rows = fuse_attentions(graph, parts, steps, seconds, store, backend="cpu", margin=margin, params=params,
+                           repeats=3)
     return [s.impl for s in steps], rows
 
 
@@ -56,8 +58,9 @@ def test_apart_where_the_fused_call_does_not_validate(store: MeasurementStore,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     fused = attention.run
 
-    def scaled_twice(att: attention.Attention, env: dict[str, Any]) -> None:
-        fused(attention.Attention(att.parts, att.query, att.key, att.value, att.mask, 2 * att.scale, att.output), env)
+    def scaled_twice(att: attention.Attention, env: dict[str, Any], **kwargs: bool) -> None:
+        fused(attention.Attention(att.parts, att.query, att.key, att.value, att.mask, 2 * att.scale, att.output), env,
+              **kwargs)
 
     monkeypatch.setattr(attention, "run", scaled_twice)
     impls, rows = choose([0.5, 0.5, 0.5], store)
@@ -86,3 +89,13 @@ def test_a_trial_is_stored_and_a_later_run_decides_from_it_without_timing(store:
     assert again["stored"] and again["fused_s"] == fused and again["choice"] == "apart" and impls == ["eager"] * 3
     impls, (again,) = choose([fused / 2] * 3, store, margin=0.0)
     assert again["stored"] and again["choice"] == "fused" and impls == ["folded", "folded", "attention"]
+
+
+def test_a_causal_mask_among_the_weights_is_tried_as_is_causal_and_stored_apart(store: MeasurementStore) -> None:
+    _, (causal,) = choose([0.5, 0.5, 0.5], store, params={"m": causal_mask(L, L)})
+    _, (masked,) = choose([0.5, 0.5, 0.5], store, params={"m": torch.rand(L, L)})
+    assert causal["causal"] and causal["choice"] == "fused" and not causal["stored"]
+    assert not masked["causal"] and not masked["stored"]  # the causal trial says nothing of a general mask
+    graph = attention_graph()
+    merged = step_subgraph(graph, partition_nodes(graph), 2, (0, 1))
+    assert store.results(merged) == {CAUSAL: causal["fused_s"], ATTENTION: masked["fused_s"]}

@@ -127,9 +127,54 @@ def test_a_trial_validates_against_float64_and_times_on_cpu(monkeypatch: pytest.
     assert trial.ok and trial.seconds > 0 and trial.error <= trial.tolerance and trial.tolerance >= 1e-4
     fused = attention.run
 
-    def without_mask(att: attention.Attention, env: dict) -> None:  # a fused call that forgets the mask
+    def without_mask(att: attention.Attention, env: dict, **kwargs: bool) -> None:  # a fused call forgetting the mask
         fused(attention.Attention(att.parts, att.query, att.key, att.value, None, att.scale, att.output), env)
 
     monkeypatch.setattr(attention, "run", without_mask)
     failed = attention.trial(found, graph, "cpu", repeats=3)
     assert not failed.ok and math.isnan(failed.seconds) and failed.error > failed.tolerance
+
+
+def causal_mask(rows: int, cols: int, hidden: float = -1e9) -> torch.Tensor:
+    """0 where key j <= query i, ``hidden`` above: built by hand, not by the code under test."""
+    return torch.tensor([[0.0 if j <= i else hidden for j in range(cols)] for i in range(rows)])
+
+
+def test_a_causal_mask_is_zero_on_and_below_the_diagonal_and_hides_the_rest() -> None:
+    assert attention.causal(causal_mask(L, L))
+    assert attention.causal(causal_mask(L, L, -math.inf))
+    assert attention.causal(causal_mask(L, L, torch.finfo(torch.float32).min))
+    assert attention.causal(causal_mask(L, L)[None, None])  # broadcast over batch and heads
+    assert attention.causal(causal_mask(4, 6))  # more keys than queries: SDPA's top-left diagonal
+    assert not attention.causal(causal_mask(L, L, -1.0))  # added to a score, -1 leaves it weighed
+    assert not attention.causal(causal_mask(L, L).T.contiguous())  # anti-causal
+    shifted = causal_mask(L, L)
+    shifted[3, 2] = -1e9  # one key a query should see is hidden
+    assert not attention.causal(shifted)
+    assert not attention.causal(causal_mask(L, L).expand(2, L, L))  # a mask per batch: not one causal mask
+    assert not attention.causal(torch.zeros(L, L))
+
+
+def test_a_causal_mask_is_tried_and_run_as_is_causal_and_a_plan_checks_the_weights_it_is_bound_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = attention_graph()
+    (found,) = attention.find(graph, partition_nodes(graph))
+    trial = attention.trial(found, graph, "cpu", mask=causal_mask(L, L), repeats=3)
+    assert trial.ok and trial.is_causal and trial.error <= trial.tolerance  # against the float64 masked attention
+    assert not attention.trial(found, graph, "cpu", mask=torch.zeros(L, L), repeats=3).is_causal
+    calls: list[tuple[bool, bool]] = []  # (is_causal, a mask was passed) of each fused call
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args: torch.Tensor, attn_mask: torch.Tensor | None = None, **kwargs: object) -> torch.Tensor:
+        calls.append((bool(kwargs.get("is_causal")), attn_mask is not None))
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    inputs = {n: torch.as_tensor(v) for n, v in random_inputs(graph, seed=5).items()}
+    for mask, expect in ((causal_mask(L, L), (True, False)), (inputs["m"], (False, True))):
+        module = PlanModule(fused_plan(graph), {"m": mask}, cache_dir=tmp_path)
+        calls.clear()
+        got = module(inputs["q"], inputs["k"], inputs["v"])
+        expected = run_eager(graph, {**inputs, "m": mask.double()}, compute_dtype=torch.float64)["out"]
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
+        assert calls == [expect]
