@@ -4,6 +4,7 @@ attention step that its subgraphs do not form. The choice of fused or apart is t
 tests/service/test_fused_attention.py."""
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,12 @@ def test_a_causal_mask_is_tried_and_run_as_is_causal_and_a_plan_checks_the_weigh
         expected = run_eager(graph, {**inputs, "m": mask.double()}, compute_dtype=torch.float64)["out"]
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
         assert calls == [expect]
+
+
+def test_inspect_says_which_attention_optimize_tried_causal() -> None:
+    plan = fused_plan(attention_graph())
+    row = {"steps": [0, 1, 2], "causal": True, "choice": "fused"}
+    assert runs_as(replace(plan, report={"attentions": [row]}))[2] == "attention (fused, causal, of #0,#1,#2)"
+    assert runs_as(replace(plan, report={"attentions": [{**row, "causal": False}]}))[2] == \
+        "attention (fused, of #0,#1,#2)"
+    assert runs_as(replace(plan, report={"attentions": "edited"}))[2] == "attention (fused, of #0,#1,#2)"

@@ -77,9 +77,13 @@ _VIEW_OPS = frozenset({"transpose", "reshape", "slice", "expand"})  # PyTorch ru
 def runs_as(plan: Plan) -> list[str]:
     """How each step of ``plan`` runs, in words: ``kernel`` (``kernel +folds #j,..``), ``eager`` (a layout step:
     ``eager view`` where no data moves, ``eager copy`` otherwise), ``folded into #k store|load``, ``attention
-    (fused, of #a,#r,#k)`` and its score and softmax steps ``in attention #k``."""
+    (fused, of #a,#r,#k)`` (``fused, causal``: optimize tried it ``is_causal``, its mask a weight holding a causal
+    mask) and its score and softmax steps ``in attention #k``."""
     parts = partition_nodes(plan.graph)
     folds = plan.folds
+    rows = plan.report.get("attentions")
+    causal = {row["steps"][-1] for row in rows if isinstance(row, dict) and row.get("causal") and row.get("steps")
+              and isinstance(row["steps"], list)} if isinstance(rows, list) else set()
     out = []
     for j, step in enumerate(plan.steps):
         sub = parts[j][0]
@@ -88,7 +92,8 @@ def runs_as(plan: Plan) -> list[str]:
         elif step.impl == "folded":
             out.append(f"folded into #{folds[j]} {fold_side(plan.graph, parts, folds[j], j)}")
         elif step.impl == "attention":
-            out.append(f"attention (fused, of #{step.folded[0]},#{step.folded[1]},#{j})")
+            fused = "fused, causal" if j in causal else "fused"
+            out.append(f"attention ({fused}, of #{step.folded[0]},#{step.folded[1]},#{j})")
         elif step.impl == "kernel":
             out.append("kernel" + (f" +folds {','.join(f'#{i}' for i in step.folded)}" if step.folded else ""))
         elif sub.kind == SubgraphKind.LAYOUT:
