@@ -45,7 +45,7 @@ def fuse_attentions(graph: Graph, parts: Parts, steps: list[Step], seconds: Sequ
             continue
         key = (*(parts[i][0].structural_hash for i in found.parts), is_causal)
         if key not in tried:
-            tried[key] = _trial(found, graph, parts, store, backend, mask, repeats, seed)
+            tried[key] = _trial(found, graph, parts, store, backend, mask if is_causal else None, repeats, seed)
         trial, stored = tried[key]
         total = sum(s for s in apart if s is not None)
         fused = trial.seconds if trial is not None and trial.ok else None
@@ -61,16 +61,16 @@ def fuse_attentions(graph: Graph, parts: Parts, steps: list[Step], seconds: Sequ
     return rows
 
 
-def _trial(found: attention.Attention, graph: Graph, parts: Parts, store: MeasurementStore, backend: str, mask: Any,
-           repeats: int, seed: int) -> tuple[attention.Trial | None, bool]:
-    """(the attention's trial with the model's ``mask`` when known, whether it was stored before); the trial is None
-    for a stored failure."""
+def _trial(found: attention.Attention, graph: Graph, parts: Parts, store: MeasurementStore, backend: str,
+           causal_mask: Any, repeats: int, seed: int) -> tuple[attention.Trial | None, bool]:
+    """(the attention's trial, causal when the model's causal mask is given, whether it was stored before); the
+    trial is None for a stored failure."""
     merged = step_subgraph(graph, parts, found.step, found.folded)
-    recipe = CAUSAL if mask is not None and attention.causal(mask) else ATTENTION
+    recipe = ATTENTION if causal_mask is None else CAUSAL
     stored = store.results(merged).get(recipe)
     if stored is not None:
         return (attention.Trial(stored, math.nan, math.nan) if isinstance(stored, float) else None), True
-    trial = attention.trial(found, graph, "cuda" if backend == "cuda" else "cpu", mask=mask, repeats=repeats,
+    trial = attention.trial(found, graph, "cuda" if backend == "cuda" else "cpu", mask=causal_mask, repeats=repeats,
                             seed=seed)
     result = (RunResult(ok=True, median_s=trial.seconds, min_s=trial.seconds, repeats=repeats, max_rel_err=trial.error)
               if trial.ok else RunResult.failure("wrong", f"the fused attention errs {trial.error:.3g}, over its "
