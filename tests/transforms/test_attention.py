@@ -158,12 +158,22 @@ def test_a_causal_mask_is_zero_on_and_below_the_diagonal_and_hides_the_rest() ->
 
 def test_a_causal_mask_is_tried_and_run_as_is_causal_and_a_plan_checks_the_weights_it_is_bound_to(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_causal_plan(tmp_path, monkeypatch, "cpu")
+
+
+@needs_gpu
+def test_a_plan_runs_a_causal_attention_on_the_gpu_in_its_cuda_graph(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    check_causal_plan(tmp_path, monkeypatch, "cuda")
+
+
+def check_causal_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     graph = attention_graph()
     (found,) = attention.find(graph, partition_nodes(graph))
-    trial = attention.trial(found, graph, "cpu", mask=causal_mask(L, L), repeats=3)
+    trial = attention.trial(found, graph, device, mask=causal_mask(L, L).to(device), repeats=3)
     assert trial.ok and trial.is_causal and trial.error <= trial.tolerance  # against the float64 masked attention
-    assert not attention.trial(found, graph, "cpu", mask=torch.zeros(L, L), repeats=3).is_causal
-    calls: list[tuple[bool, bool]] = []  # (is_causal, a mask was passed) of each fused call
+    assert not attention.trial(found, graph, device, mask=torch.zeros(L, L, device=device), repeats=3).is_causal
+    calls: list[tuple[bool, bool]] = []  # (is_causal, a mask was passed) of each fused call (on cuda: until captured)
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def spy(*args: torch.Tensor, attn_mask: torch.Tensor | None = None, **kwargs: object) -> torch.Tensor:
@@ -173,12 +183,12 @@ def test_a_causal_mask_is_tried_and_run_as_is_causal_and_a_plan_checks_the_weigh
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     inputs = {n: torch.as_tensor(v) for n, v in random_inputs(graph, seed=5).items()}
     for mask, expect in ((causal_mask(L, L), (True, False)), (inputs["m"], (False, True))):
-        module = PlanModule(fused_plan(graph), {"m": mask}, cache_dir=tmp_path)
+        module = PlanModule(fused_plan(graph), {"m": mask}, cache_dir=tmp_path, device=device)
         calls.clear()
         got = module(inputs["q"], inputs["k"], inputs["v"])
         expected = run_eager(graph, {**inputs, "m": mask.double()}, compute_dtype=torch.float64)["out"]
-        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
-        assert calls == [expect]
+        torch.testing.assert_close(got.cpu().double(), expected, rtol=1e-5, atol=1e-6)
+        assert calls and set(calls) == {expect}
 
 
 def test_inspect_says_which_attention_optimize_tried_causal() -> None:
