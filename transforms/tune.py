@@ -11,6 +11,7 @@ and compiled in parallel (``transforms.build``), then validated and timed one at
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -133,15 +134,18 @@ def evaluator(
     error kind "slow", ``transforms.launch_bound``; the default recipe, every subgraph's baseline, always runs)."""
     incumbent = best_s
     flops = work(static_features(task.program))[0] if backend == "cuda" else 0.0
-    default = default_recipe(task.program, backend) if backend == "cuda" else None
+    default = functools.cache(lambda: default_recipe(task.program, backend))  # made only for a candidate left out
+
+    def left_out(recipe: Recipe, made: Kernel | RunResult) -> Kernel | RunResult:
+        slow = out_of_reach(made, flops, incumbent) if isinstance(made, Kernel) else None
+        return made if slow is None or recipe == default() else slow
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
         nonlocal incumbent
         made: list[Kernel | RunResult] = [k if isinstance(k, Kernel) else RunResult.failure("launch", k)
                                           for k in kernels(task.program, recipes, backend)]
         if backend == "cuda":
-            made = [out_of_reach(k, flops, incumbent) or k if isinstance(k, Kernel) and r != default else k
-                    for r, k in zip(recipes, made, strict=True)]
+            made = [left_out(r, k) for r, k in zip(recipes, made, strict=True)]
         ok = [k for k in made if isinstance(k, Kernel)]
         arch = cuda.device_arch() if backend == "cuda" else ""  # machine code for the GPU the worker runs on
         builds = build_each([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs)
