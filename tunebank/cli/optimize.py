@@ -20,6 +20,7 @@ from service.optimize import OptimizeReport
 from service.strict_json import strict_json
 from transforms.backends import BackendUnavailableError
 from transforms.plan import PlanError
+from transforms.run import SLOWER_FACTOR
 from tunebank.cli.common import data_folder, load_graph, model_spec, open_database, settings
 from tunebank.cli.errors import fail
 from tunebank.cli.tune import CpuThreads, check_problem_sizes, pin_cpu_threads
@@ -175,7 +176,7 @@ def _print(report: OptimizeReport | Report) -> None:
                       _us(s.eager_s), f"{s.speedup:.2f}" if s.speedup else "-")
     console.print(table)
     console.print("near: nearest neighbour's distance; tried: candidates run/failed(+not run: their launch could "
-                  "not come within 4x of the fastest known); *: queued for the crawler")
+                  f"not come within {SLOWER_FACTOR:g}x of the fastest known); *: queued for the crawler")
     lenders = sorted({str(x["lent_by"]) for s in report.subgraphs for x in s.neighbours if x.get("lent_by")})
     if lenders:
         console.print(f"neighbours' recipes measured on {escape(', '.join(lenders))} (this device's class), not here: "
