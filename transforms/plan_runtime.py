@@ -12,11 +12,12 @@ subgraphs in order, each eagerly or as its tuned kernel, on the caller's tensors
 * An attention step runs PyTorch's fused scaled dot-product attention on the query, key, value (and mask) of its
   three subgraphs (``transforms.attention``), causal without reading the mask where the bound weights hold a causal
   one; its score and softmax steps run nothing.
-* On cuda, with static shapes (always, in tunebank's IR), the whole forward is captured once as a CUDA graph
-  and replayed: eager ops and kernels alike, with no Python or launch overhead. Inputs are copied into the
-  graph's buffers and outputs cloned out, so a caller's tensors are never aliased. A forward that cannot be
-  captured runs uncaptured, and so does a plan whose ``cuda_graph`` is off (optimize turns it off where the
-  copies cost more than the launches they save, e.g. a large input read by few kernels).
+* On cuda, with static shapes (always, in tunebank's IR), the whole forward is captured as a CUDA graph and
+  replayed: eager ops and kernels alike, with no Python or launch overhead. A graph per input address set reads
+  the caller's tensors where they lie, and its outputs are handed out without a copy while the caller holds no
+  earlier ones; otherwise inputs are copied in and outputs cloned out (``transforms.graph_replays``). A forward
+  that cannot be captured runs uncaptured, and so does a plan whose ``cuda_graph`` is off (optimize turns it off
+  where the graph does not beat launching the steps one by one).
 
 Every plan is verified (``transforms.plan.verify``) before anything of it runs.
 """
@@ -42,6 +43,7 @@ from transforms.build import Source, build
 from transforms.codegen import Kernel
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import signature
+from transforms.graph_replays import GraphReplays
 from transforms.plan import Parts, Plan, PlanError, verify
 from transforms.run import Buffer
 from transforms.views import fold_layout
@@ -220,8 +222,7 @@ class PlanModule(torch.nn.Module):
         ]
         self.use_cuda_graph = cuda_graph and plan.cuda_graph and self.device.type == "cuda"
         self.eager_model = eager_model if not plan.tuned and not self.use_cuda_graph else None
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._static: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.graphs: GraphReplays | None = None
 
     def run(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """One pass over the steps, uncaptured: the model's outputs in graph order."""
@@ -253,34 +254,24 @@ class PlanModule(torch.nn.Module):
         return out
 
     def _replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        if self._graph is None:
-            try:
-                self._capture(inputs)
-            except Exception as e:  # an op that cannot be captured: run without the graph from now on
-                warnings.warn(f"tunebank: the plan runs without a CUDA graph ({type(e).__name__}: {e})",
-                              stacklevel=3)
-                self.use_cuda_graph = False
-                torch.cuda.synchronize(self.device)
-                return self.run(*inputs)
-        assert self._graph is not None and self._static is not None
-        static_in, static_out = self._static
-        for buffer, value in zip(static_in, inputs, strict=True):
-            buffer.copy_(value)
-        self._graph.replay()
-        return [t.clone() for t in static_out]
+        if self.graphs is None:
+            self.graphs = GraphReplays(lambda values: self.run(*values), self.device, warm_up=self._warm_up)
+        try:
+            return self.graphs(inputs)
+        except Exception as e:  # an op that cannot be captured: run without the graph from now on
+            warnings.warn(f"tunebank: the plan runs without a CUDA graph ({type(e).__name__}: {e})", stacklevel=3)
+            self.use_cuda_graph, self.graphs = False, None
+            torch.cuda.synchronize(self.device)
+            return self.run(*inputs)
 
-    def _capture(self, inputs: Sequence[torch.Tensor]) -> None:
-        static_in = [t.clone() for t in inputs]
+    def _warm_up(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Two uncaptured runs on a side stream: lazy module loads, cuBLAS handles, allocator pools."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up: lazy module loads, cuBLAS handles, allocator pools
-                self.run(*static_in)
+            for _ in range(2):
+                self.run(*inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = self.run(*static_in)
-        self._graph, self._static = graph, (static_in, static_out)
 
 
 def _check_runs_eagerly(subgraph: Subgraph) -> None:
