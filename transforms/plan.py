@@ -43,7 +43,7 @@ from transforms.recipe import RecipeError, parse
 from transforms.run import Launch
 from transforms.schedule import ScheduleError
 from transforms.transformation import apply_recipe
-from transforms.views import fold_layout
+from transforms.views import kernel_program
 
 FORMAT = "tunebank-plan"
 VERSION = 1
@@ -131,8 +131,7 @@ class Plan:
 def kernel_of(subgraph: Subgraph, recipe: str, backend: str, *, fold: bool = False) -> Kernel:
     """The kernel tunebank generates for ``subgraph`` under ``recipe`` on ``backend`` (``fold``: a merged subgraph
     of a kernel step with folded layout steps, whose views become index maps)."""
-    program = lower(subgraph.graph)
-    return generate(apply_recipe(parse(recipe), fold_layout(program) if fold else program), backend)
+    return generate(apply_recipe(parse(recipe), kernel_program(lower(subgraph.graph), fold=fold)), backend)
 
 
 def _launches(kernel: Kernel) -> list[dict[str, Any]]:

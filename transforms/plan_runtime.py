@@ -46,7 +46,7 @@ from transforms.codegen.signature import signature
 from transforms.graph_replays import GraphReplays
 from transforms.plan import Parts, Plan, PlanError, verify
 from transforms.run import Buffer
-from transforms.views import fold_layout
+from transforms.views import kernel_program
 from transforms.worker import c_scalar, cpu_functions, cuda_functions
 
 Env = dict[str, torch.Tensor]
@@ -73,7 +73,7 @@ class _Arguments:
     def __init__(self, subgraph: Subgraph, *, folded: bool = False) -> None:
         program = lower(subgraph.graph)
         sig = signature(program, compute_dtype(program))
-        used = _touched(fold_layout(program)) if folded else set(program.buffers)
+        used = _touched(kernel_program(program, fold=folded))
         outer = dict(zip(subgraph.graph.inputs, subgraph.source_inputs, strict=True))
         outer |= dict(zip(subgraph.graph.outputs, subgraph.source_outputs, strict=True))
         by_arg = {arg: buffer for buffer, arg in sig.names.items()}

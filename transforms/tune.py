@@ -43,6 +43,7 @@ from transforms.search import create
 from transforms.search.strategy import Evaluate, Strategy, search
 from transforms.space import RecipeSpace, default_recipe
 from transforms.transformation import apply_recipe
+from transforms.views import kernel_program
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def make_task(subgraph: Subgraph | Graph, *, seed: int = 0, name: str = "") -> T
     graph = subgraph.graph if isinstance(subgraph, Subgraph) else subgraph
     kind = subgraph.kind.value if isinstance(subgraph, Subgraph) else "graph"
     program = lower(graph)
-    return Task(name or graph.name, kind, graph, program, described_problem(graph, program, seed=seed))
+    return Task(name or graph.name, kind, graph, kernel_program(program), described_problem(graph, program, seed=seed))
 
 
 def kernels(program: LoopProgram, recipes: Sequence[Recipe], backend: str) -> list[Kernel | str]:
