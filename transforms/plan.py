@@ -131,7 +131,8 @@ class Plan:
 def kernel_of(subgraph: Subgraph, recipe: str, backend: str, *, fold: bool = False) -> Kernel:
     """The kernel tunebank generates for ``subgraph`` under ``recipe`` on ``backend`` (``fold``: a merged subgraph
     of a kernel step with folded layout steps, whose views become index maps)."""
-    return generate(apply_recipe(parse(recipe), kernel_program(lower(subgraph.graph), fold=fold)), backend)
+    program = kernel_program(lower(subgraph.graph), subgraph.kind, fold=fold)
+    return generate(apply_recipe(parse(recipe), program), backend)
 
 
 def _launches(kernel: Kernel) -> list[dict[str, Any]]:

@@ -73,7 +73,7 @@ class _Arguments:
     def __init__(self, subgraph: Subgraph, *, folded: bool = False) -> None:
         program = lower(subgraph.graph)
         sig = signature(program, compute_dtype(program))
-        used = _touched(kernel_program(program, fold=folded))
+        used = _touched(kernel_program(program, subgraph.kind, fold=folded))
         outer = dict(zip(subgraph.graph.inputs, subgraph.source_inputs, strict=True))
         outer |= dict(zip(subgraph.graph.outputs, subgraph.source_outputs, strict=True))
         by_arg = {arg: buffer for buffer, arg in sig.names.items()}

@@ -111,7 +111,8 @@ def make_task(subgraph: Subgraph | Graph, *, seed: int = 0, name: str = "") -> T
     graph = subgraph.graph if isinstance(subgraph, Subgraph) else subgraph
     kind = subgraph.kind.value if isinstance(subgraph, Subgraph) else "graph"
     program = lower(graph)
-    return Task(name or graph.name, kind, graph, kernel_program(program), described_problem(graph, program, seed=seed))
+    folded = kernel_program(program, subgraph.kind if isinstance(subgraph, Subgraph) else None)
+    return Task(name or graph.name, kind, graph, folded, described_problem(graph, program, seed=seed))
 
 
 def kernels(program: LoopProgram, recipes: Sequence[Recipe], backend: str) -> list[Kernel | str]:

@@ -43,17 +43,21 @@ from embed.loopnest import (
     map_leaves,
     mod,
 )
+from embed.subgraph import SubgraphKind
 
 VIEWS = ("reshape", "transpose")  # copy nests that only move elements, one to one
 COPIES = ("reshape", "transpose", "slice", "expand")  # copy nests a reader can read through (fold_loads)
 
 
-def kernel_program(program: LoopProgram, *, fold: bool = False) -> LoopProgram:
-    """The program a subgraph's kernels are generated from: its views folded (:func:`fold_views`), and with
-    ``fold`` (a plan's kernel step with layout steps folded into it) its input copies too (:func:`fold_layout`).
-    Unfolded, a reshape after a row reduction is a nest over the view's shape, and a reduction kernel's rows
-    would follow that nest's leading axis (4 blocks for a layer norm over 12544 rows of 128, 1.2 ms on an H200)."""
-    return fold_layout(program) if fold else fold_views(program)
+def kernel_program(program: LoopProgram, kind: SubgraphKind | None, *, fold: bool = False) -> LoopProgram:
+    """The program the kernels of a subgraph of ``kind`` are generated from: with ``fold`` (a plan's kernel step
+    with layout steps folded into it) its views and input copies folded (:func:`fold_layout`); for a row reduction
+    its views folded (:func:`fold_views`): unfolded, a reshape after the reduction is a nest over the view's shape,
+    and the kernel's rows would follow that nest's leading axis (4 blocks for a layer norm over 12544 rows of 128,
+    1.2 ms on an H200). Other kinds keep their program, and so the recipes their recordings hold."""
+    if fold:
+        return fold_layout(program)
+    return fold_views(program) if kind == SubgraphKind.REDUCTION else program
 
 
 def fold_layout(program: LoopProgram) -> LoopProgram:
