@@ -27,6 +27,7 @@ from transforms.recipe import parse
 from transforms.run import Launch, Trial, Worker, run
 from transforms.space import RecipeSpace, default_recipe
 from transforms.transformation import apply_recipe
+from transforms.tune import make_task
 from transforms.views import fold_views
 
 
@@ -169,13 +170,23 @@ static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define asm(...) (void)0
+static float k_lanes[1024];  // a warp shuffle, as every thread of the block exchanging through statics
+static inline float __shfl_xor_sync(unsigned, float v, int lane) {
+  k_lanes[threadIdx.x] = v;
+  pthread_barrier_wait(&k_barrier);
+  float out = k_lanes[threadIdx.x ^ lane];
+  pthread_barrier_wait(&k_barrier);
+  return out;
+}
+#define __syncwarp() pthread_barrier_wait(&k_barrier)
 """
 KERNEL = re.compile(r'extern "C" __global__ void __launch_bounds__\([^)]*\) (tb_\w+)\((.*?)\) \{')
 
 
 def threaded_host_source(code: str, launches: tuple[Launch, ...]) -> str:
     """``code`` with a host ``<entry>`` per launch running its grid block by block, each block's threads as POSIX
-    threads meeting at ``__syncthreads`` (a barrier; ``__shared__`` arrays are the one running block's statics)."""
+    threads meeting at ``__syncthreads`` (a barrier; ``__shared__`` arrays are the one running block's statics; a
+    warp shuffle or ``__syncwarp`` is the whole block's, so a block of one warp)."""
     params = {m.group(1): m.group(2) for m in KERNEL.finditer(code)}
     body = KERNEL.sub(lambda m: f"static void {m.group(1)}_device({m.group(2)}) {{", code)
     runners = []
@@ -230,6 +241,31 @@ def test_cuda_gemm_kernels_store_through_the_view_on_the_host(worker, tmp_path: 
     results = run([Trial(b, k.launches, p) for b, k, p in zip(built, kernels, problems, strict=True)], worker=worker,
                   repeats=1, warmup=0)
     assert [(case, r.error) for case, r in zip(HOST_CASES, results, strict=True) if not r.ok] == []
+
+
+def layer_norm_windows() -> Graph:
+    """A layer norm over the 72 rows of [2, 6, 6, 8], reshaped into windows [2, 3, 2, 3, 2, 8] (swin's first step)."""
+    g = GraphBuilder("windows")
+    norm = g.node("layer_norm", [g.input("x", (2, 6, 6, 8), "float32"), g.param("w", (8,), "float32"),
+                                 g.param("b", (8,), "float32")], (2, 6, 6, 8), "float32", axes=[3], eps=1e-5)
+    return g.build([g.node("reshape", [norm], (2, 3, 2, 3, 2, 8), "float32", shape=[2, 3, 2, 3, 2, 8])])
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler")
+def test_a_row_reduction_stores_through_its_view_with_a_block_per_row(worker, tmp_path: Path) -> None:
+    graph = layer_norm_windows()
+    (subgraph,) = partition(graph)
+    assert subgraph.kind == SubgraphKind.REDUCTION
+    recipe = parse("fuse(all);reduce(block);row_depth(0);rows_per_block(1);threads(32);unroll(1)")
+    kernel = generate(apply_recipe(recipe, make_task(subgraph).program), "cuda")
+    (launch,) = kernel.launches
+    assert launch.grid == (2 * 6 * 6, 1, 1)  # unfolded, the reshape's nest made its leading axis (2) the rows
+    options = ("-x", "c++", "-pthread", "-w", "-O1")
+    (built,) = build([Source(threaded_host_source(kernel.code, kernel.launches), "cpu", options=options)],
+                     cache_dir=tmp_path)
+    problem = make_problem(graph, lower(graph), seed=3)  # the reference: the unfolded program, in float64
+    (result,) = run([Trial(built, kernel.launches, problem)], worker=worker, repeats=1, warmup=0)
+    assert result.ok, result.error
 
 
 PTX_RECIPES = ("gemm(cublaslt,0)", "gemm(cublas)", "gemm(simt,64,64,16,4,1,8)", "gemm(mma,64,64,32,4,2,1)",
