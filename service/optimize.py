@@ -40,8 +40,9 @@ next to a kernel step is tried folded into it (``transforms.plan.fold_side``: in
 reads, or the loads of the kernel that alone reads it), the kernel regenerated from the merged subgraph with the
 same recipe, validated and timed; the fold is kept when that kernel is not slower than the kernel and the layout
 step as they were timed apart, by more than ``fold_margin`` (5%: the per-subgraph times leave out what a step costs
-in the plan, a launch, an output allocation, a copy of a strided view before a kernel, which a fold saves). A layout
-step left eager is a view where no data moves.
+in the plan, a launch, an output allocation, which a fold saves). A layout step that eager runs as a view is charged,
+beside the kernel that loads it, what copying it costs (that kernel reads a strided view contiguous: the copy is its
+default recipe's kernel, measured). A layout step left eager is a view where no data moves until a kernel reads it.
 """
 
 from __future__ import annotations
@@ -80,11 +81,12 @@ from service.optimize_report import OptimizeReport, SubgraphReport
 from service.store import static_vector
 from service.transfer import Neighbour, neighbours, transfer_from
 from service.whole_model import choose_runtime
-from transforms.plan import Parts, Plan, Step, Target, content_hash, fold_side, kernel_step, step_subgraph
+from transforms.plan import LOAD, Parts, Plan, Step, Target, content_hash, fold_side, kernel_step, step_subgraph
 from transforms.plan_runtime import PlanModule
 from transforms.recipe import parse
 from transforms.run import Worker
 from transforms.schedule import ScheduleError
+from transforms.space import default_recipe
 from transforms.tune import Task, make_task
 from transforms.views import fold_layout
 
@@ -250,13 +252,19 @@ class _Folder:
     A fold is measured as the merged subgraph (kernel and layout ops) with the neighbour's recipe, and stored like
     any measurement, so a rerun finds it and measures nothing. Its program has the layout ops as index maps: the
     program any merged subgraph gets where a view of a contraction's output is its store, and one a partition of
-    its own never makes otherwise (layout ops beside kernels are subgraphs of their own)."""
+    its own never makes otherwise (layout ops beside kernels are subgraphs of their own).
+
+    A layout step that eager runs as a view (``bound``) costs nothing by itself, but the kernel that loads it reads
+    its inputs contiguous, so a strided view is copied first: apart, such a step costs what its copy kernel (its
+    default recipe, measured here once) takes."""
 
     def __init__(self, graph: Graph, parts: Parts, chosen: Mapping[str, SubgraphReport], backend: str,
                  store: MeasurementStore, measurer: Measurer, seed: int, margin: float) -> None:
         self.graph, self.parts, self.backend, self.measurer, self.seed = graph, parts, backend, measurer, seed
         self.store, self.margin = store, margin
         self.seconds = [_step_seconds(chosen[s.structural_hash]) for s, _ in parts]
+        self.views = [chosen[s.structural_hash].source == "bound" for s, _ in parts]
+        self.copies: dict[str, float] = {}
 
     def fold(self, steps: list[Step]) -> list[Step]:
         for j, (sub, _) in enumerate(self.parts):
@@ -264,17 +272,32 @@ class _Folder:
                 continue
             best: tuple[float, int, Step] | None = None
             for k, step in enumerate(steps):
-                apart = self.seconds[k]
-                if step.impl != "kernel" or apart is None or fold_side(self.graph, self.parts, k, j) is None:
+                apart, side = self.seconds[k], fold_side(self.graph, self.parts, k, j)
+                if step.impl != "kernel" or apart is None or side is None:
                     continue
                 made = self._try(step, k, (*step.folded, j))
-                limit = (apart + self.seconds[j]) * (1 + self.margin)
-                if made is not None and made[0] <= limit and (best is None or made[0] < best[0]):
+                if made is None or (best is not None and made[0] >= best[0]):
+                    continue
+                if made[0] <= (apart + self._layout_seconds(j, side)) * (1 + self.margin):
                     best = (made[0], k, made[1])
             if best is not None:
                 seconds, k, steps[k] = best
                 steps[j], self.seconds[k] = Step(sub.structural_hash, "folded"), seconds
         return steps
+
+    def _layout_seconds(self, j: int, side: str) -> float:
+        """What layout step ``j`` costs apart from the kernel it would fold into on ``side`` (class docstring)."""
+        seconds = self.seconds[j]
+        assert seconds is not None
+        if side != LOAD or not self.views[j]:
+            return seconds
+        sub = self.parts[j][0]
+        if sub.structural_hash not in self.copies:
+            task = replace(make_task(sub, seed=self.seed), key=sub.structural_hash)
+            self.measurer.table.results.setdefault(task.key, {}).update(self.store.results(sub))
+            result = self.measurer.measure(task, task.key, [default_recipe(task.program, self.backend)])[0]
+            self.copies[sub.structural_hash] = result.median_s if result.ok else 0.0
+        return max(seconds, self.copies[sub.structural_hash])
 
     def _try(self, step: Step, k: int, folded: tuple[int, ...]) -> tuple[float, Step] | None:
         """The kernel step ``k`` with the layout steps ``folded`` and its time, or None when it fails anywhere."""
