@@ -72,6 +72,12 @@ class Contraction:
         return self.program.nests[1:]
 
     @property
+    def a_k_major(self) -> bool:
+        """A holds k contiguously ([.., M, K]); else m is contiguous ([.., K, M] read transposed: a transpose folded
+        into the loads), which only the vendor paths take (as a transposed operand)."""
+        return self.a.k == 1
+
+    @property
     def b_k_major(self) -> bool:
         """B holds k contiguously ([.., N, K], transpose_b); else n is contiguous ([.., K, N])."""
         return self.b.k == 1
@@ -86,7 +92,7 @@ class Contraction:
         run on from one batch into the next, as the output's do. A library then runs one GEMM, not a batch of short
         ones (as ``torch.matmul`` does): on an H200, ViT's fp32 MLP down projection as 8 batches of 196 rows took
         1.4 times as long as one product of 1568 rows (``bench/README.md``)."""
-        if not self.batch or any(self.b.batch):
+        if not self.batch or any(self.b.batch) or not self.a_k_major:
             return False
         strides = [*self.a.batch, self.a.outer]
         extents = [*self.batch, self.m]
@@ -171,7 +177,7 @@ class GemmConfig:
             lt = self.path == "cublaslt"
             return ((0 <= self.algo < LT_ALGOS if lt else self.algo == 0) and self.split == 1
                     and (c.stacked_rows or not self.batched) and vendor_plan(c, fold=lt) is not None)
-        if self.batched:
+        if self.batched or not c.a_k_major:
             return False
         if self.path not in PATHS or min(self.tile_m, self.tile_n, self.tile_k, self.warps, self.swizzle) < 1:
             return False
@@ -342,7 +348,7 @@ def match_contraction(program: LoopProgram) -> Contraction | None:
         return None
     batch_dims = dims[:-2]
     ops = [_operand(program, x, batch_dims, outer, k_dim) for x, outer in ((a, m_dim), (b, n_dim))]
-    if ops[0] is None or ops[1] is None or ops[0].k != 1 or 1 not in (ops[1].k, ops[1].outer):
+    if ops[0] is None or ops[1] is None or 1 not in (ops[0].k, ops[0].outer) or 1 not in (ops[1].k, ops[1].outer):
         return None
     if not row_major_store(program, mm):
         return None

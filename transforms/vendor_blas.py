@@ -27,7 +27,7 @@ WORKSPACE_BYTES = 32 << 20
 LT_HEURISTICS = 32  # algorithms asked of the heuristic; a launch's ``algo`` is a rank among them
 COMPUTE_64F, CUDA_R_32F, CUDA_R_64F, GEMM_DEFAULT = 70, 0, 1, -1  # cublasComputeType_t, cudaDataType_t, algo
 #: cublasLt attribute enums: matmul descriptor, matrix layout, preference.
-_TRANSA, _EPILOGUE, _BIAS_POINTER = 3, 7, 8
+_TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER = 3, 4, 7, 8
 _BATCH_COUNT, _BATCH_STRIDE = 5, 6
 _MAX_WORKSPACE = 1
 
@@ -80,7 +80,8 @@ def _pointers(launch: Launch, args: Sequence[Any]) -> list[ctypes.c_void_p]:
 
 def cublas_gemm(launch: Launch) -> GemmCall:
     """``cublasGemmStridedBatchedEx`` (default algorithm) on buffers A, B, C with scalars trans_a, m, n, k, lda,
-    ldb, ldc, stride_a, stride_b, stride_c, batch, type_a, type_b, type_c, compute."""
+    ldb, ldc, stride_a, stride_b, stride_c, batch, type_a, type_b, type_c, compute, and trans_b where B is read
+    transposed (absent: 0)."""
     lib, s = _library("cublas"), _scalars(launch)
     handle = _handle("cublas", "cublasCreate_v2")
     workspace = _workspace()
@@ -93,7 +94,7 @@ def cublas_gemm(launch: Launch) -> GemmCall:
         _check(lib.cublasSetWorkspace_v2(handle, _ptr(workspace.data.ptr), ctypes.c_size_t(workspace.nbytes)),
                "cublasSetWorkspace")
         _check(lib.cublasGemmStridedBatchedEx(
-            handle, _c_int(s["trans_a"]), _c_int(0), _c_int(s["m"]), _c_int(s["n"]), _c_int(s["k"]),
+            handle, _c_int(s["trans_a"]), _c_int(s.get("trans_b", 0)), _c_int(s["m"]), _c_int(s["n"]), _c_int(s["k"]),
             ctypes.byref(alpha), a, _c_int(s["type_a"]), _c_int(s["lda"]), _c_i64(s["stride_a"]),
             b, _c_int(s["type_b"]), _c_int(s["ldb"]), _c_i64(s["stride_b"]), ctypes.byref(beta),
             c, _c_int(s["type_c"]), _c_int(s["ldc"]), _c_i64(s["stride_c"]), _c_int(s["batch"]),
@@ -149,13 +150,15 @@ def cublaslt_matmul(launch: Launch) -> GemmCall:
             raise RuntimeError(f"cuBLASLt offers {count.value} algorithms for this matmul, none of rank {s['algo']}")
         return found[s["algo"]]
 
-    m, n, k = s["m"], s["n"], s["k"]
+    m, n, k, trans_b = s["m"], s["n"], s["k"], s.get("trans_b", 0)
     a_rows, a_cols = (k, m) if s["trans_a"] else (m, k)
+    b_rows, b_cols = (n, k) if trans_b else (k, n)
     try:
-        set_attribute("cublasLtMatmulDescSetAttribute", desc, _TRANSA, ctypes.c_int32(s["trans_a"]))  # B: op N
+        set_attribute("cublasLtMatmulDescSetAttribute", desc, _TRANSA, ctypes.c_int32(s["trans_a"]))
+        set_attribute("cublasLtMatmulDescSetAttribute", desc, _TRANSB, ctypes.c_int32(trans_b))
         set_attribute("cublasLtMatmulDescSetAttribute", desc, _EPILOGUE, ctypes.c_uint32(s["epilogue"]))
         layout_a = layout(s["type_a"], a_rows, a_cols, s["lda"], s["stride_a"])
-        layout_b = layout(s["type_b"], k, n, s["ldb"], s["stride_b"])
+        layout_b = layout(s["type_b"], b_rows, b_cols, s["ldb"], s["stride_b"])
         layout_d = layout(s["type_c"], m, n, s["ldc"], s["stride_c"])
         if s["bias"]:  # the heuristic may look at the bias pointer's alignment: any 256-byte aligned one will do
             set_attribute("cublasLtMatmulDescSetAttribute", desc, _BIAS_POINTER, _ptr(workspace.data.ptr))

@@ -21,6 +21,7 @@ from embed.partition import partition_nodes
 from tests.gpu import needs_gpu
 from transforms.build import Source, build
 from transforms.compilers import cuda
+from transforms.contraction import gemm_configs, match_contraction
 from transforms.plan import (
     LOAD,
     STORE,
@@ -29,6 +30,7 @@ from transforms.plan import (
     Step,
     Target,
     fold_side,
+    kernel_of,
     kernel_step,
     read_plan,
     save_plan,
@@ -36,6 +38,7 @@ from transforms.plan import (
     verify,
 )
 from transforms.plan_runtime import PlanModule
+from transforms.run import Scalar
 from transforms.space import default_recipe
 from transforms.views import fold_layout, fold_loads
 
@@ -173,3 +176,63 @@ def test_cuda_folded_transposes_compute_what_eager_computes(side: str, tmp_path:
     k, folded = SIDES.get(side, (0, ()))
     plan = plan_of(block(), {0: (), 2: ()} | {k: folded}, backend="cuda")
     check_against_eager(plan, tmp_path, device="cuda")
+
+
+def token_mixing() -> Graph:
+    """x[2, 6, 5] transposed to [2, 5, 6], @ w[6, 4] + bias: a GEMM whose A is a transposed input (ResMLP's and
+    MLP-Mixer's token mixing)."""
+    g = GraphBuilder("mixing")
+    t = g.node("transpose", [g.input("x", (2, 6, 5), "float32")], (2, 5, 6), "float32", perm=[0, 2, 1])
+    y = g.node("matmul", [t, g.param("w", (6, 4), "float32")], (2, 5, 4), "float32")
+    return g.build([g.node("add", [y, g.param("bias", (4,), "float32")], (2, 5, 4), "float32", name="out")])
+
+
+def mixing_plan(recipe: str, backend: str) -> Plan:
+    """The transpose folded into the loads of the GEMM step, run under ``recipe``."""
+    graph = token_mixing()
+    parts = partition_nodes(graph)
+    merged = step_subgraph(graph, parts, 1, (0,))
+    steps = (Step(parts[0][0].structural_hash, "folded"),
+             kernel_step(merged, recipe, backend, folded=(0,), structural_hash=parts[1][0].structural_hash))
+    return Plan(graph, steps, Target(backend, backend, backend, "", "test"))
+
+
+def check_mixing(plan: Plan, cache_dir: Path, device: str = "cpu") -> None:
+    values = {n: torch.as_tensor(v) for n, v in random_inputs(plan.graph, seed=2).items()}
+    expected = (values["x"].double().transpose(1, 2) @ values["w"].double()) + values["bias"].double()
+    module = PlanModule(plan, {n: values[n] for n in ("w", "bias")}, cache_dir=cache_dir, device=device)
+    torch.testing.assert_close(module(values["x"].to(device)).cpu().double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_transpose_folded_into_a_gemms_loads_is_its_transposed_operand() -> None:
+    graph = token_mixing()
+    parts = partition_nodes(graph)
+    assert [s.kind.value for s, _ in parts] == ["layout", "contraction"] and fold_side(graph, parts, 1, 0) == LOAD
+    c = match_contraction(fold_layout(lower(step_subgraph(graph, parts, 1, (0,)).graph)))
+    assert c is not None and (c.m, c.n, c.k) == (5, 4, 6)
+    assert (c.a.outer, c.a.k, c.a.batch) == (1, 5, (30,))  # A[b, m, k] is x[b, k, m]: m contiguous
+    assert {g.path for g in gemm_configs(c)} == {"cublaslt", "cublas"}  # generated tiles load A k-contiguous
+    for path, library in (("cublaslt,0", "cublaslt_matmul"), ("cublas", "cublas_gemm")):
+        (launch, *_) = kernel_of(step_subgraph(graph, parts, 1, (0,)), f"gemm({path})", "cuda", fold=True).launches
+        scalars = {a.name: a.value for a in launch.args if isinstance(a, Scalar)}
+        # column-major C^T[4 x 5] = w^T[4 x 6] (w as stored: op N, ld 4) x (x[b] as stored [5 x 6], ld 5)^T
+        assert launch.library == library
+        assert {k: scalars[k] for k in ("trans_a", "trans_b", "m", "n", "k", "lda", "ldb", "stride_b")} == {
+            "trans_a": 0, "trans_b": 1, "m": 4, "n": 5, "k": 6, "lda": 4, "ldb": 5, "stride_b": 30}
+
+
+def test_a_k_major_gemm_launch_names_no_transposed_operand() -> None:
+    g = GraphBuilder("linear")
+    y = g.node("matmul", [g.input("x", (5, 6), "float32"), g.param("w", (6, 4), "float32")], (5, 4), "float32")
+    (launch,) = kernel_of(partition_nodes(g.build([y]))[0][0], "gemm(cublas)", "cuda").launches
+    assert "trans_b" not in {a.name for a in launch.args if isinstance(a, Scalar)}  # plans saved before stay valid
+
+
+def test_the_cpu_blas_gemm_reads_a_transposed_input_through_its_strides(tmp_path: Path) -> None:
+    check_mixing(mixing_plan("gemm(blas)", "cpu"), tmp_path)
+
+
+@needs_gpu
+@pytest.mark.parametrize("recipe", ["gemm(cublaslt,0)", "gemm(cublas)"])
+def test_a_vendor_gemm_reads_a_transposed_input_on_the_gpu(recipe: str, tmp_path: Path) -> None:
+    check_mixing(mixing_plan(recipe, "cuda"), tmp_path, device="cuda")

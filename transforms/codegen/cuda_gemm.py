@@ -475,11 +475,13 @@ class _GemmGen:
         rows, batch = (math.prod(c.batch) * c.m, 1) if stacked else (c.m, math.prod(c.batch))
         scalars = {
             "trans_a": int(c.b_k_major), "m": c.n, "n": rows, "k": c.k,
-            "lda": c.b.outer if c.b_k_major else c.b.k, "ldb": c.a.outer, "ldc": c.n,
+            "lda": c.b.outer if c.b_k_major else c.b.k, "ldb": c.a.outer if c.a_k_major else c.a.k, "ldc": c.n,
             "stride_a": _flat_stride(c.b, c.batch), "stride_b": _flat_stride(c.a, c.batch), "stride_c": rows * c.n,
             "batch": batch, "type_a": _CUDA_TYPE[c.b.dtype], "type_b": _CUDA_TYPE[c.a.dtype],
             "type_c": _CUDA_TYPE[plan.dtype], "compute": _COMPUTE_64F if c.a.dtype == DType.FLOAT64 else _COMPUTE_32F,
         }
+        if not c.a_k_major:  # A read transposed (only then: the launches of k-major A stay as they were)
+            scalars["trans_b"] = 1
         buffers = [arg[self.name(c.b.buffer)], arg[self.name(c.a.buffer)], arg[self.name(plan.out)]]
         entry = "cublas_gemm"
         if g.path == "cublaslt":
