@@ -508,9 +508,11 @@ def _geomean(values: Sequence[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None) -> str:
+def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None,
+           fastest_of: Sequence[dict[str, Any]] = ()) -> str:
     """The markdown table of a checkpoint: per model and column ms, speedup vs eager, compile s, max rel err; the
-    geomean speedups, and tunebank's over each other column by absolute time."""
+    geomean speedups, and tunebank's over each other column by absolute time; with ``fastest_of`` (other checkpoints
+    of the same device), also over each model's fastest time of that column in any of them and this one."""
     results: dict[str, dict[str, Any]] = data["results"]
     present = {c for cols in results.values() for c in cols}
     cols = [c for c in COLUMNS if c in present] + sorted(present - set(COLUMNS))
@@ -555,6 +557,8 @@ def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None) 
             lines.append(f"- {c}: geomean speedup over eager {g:.2f}x over {len(speedups[c])} models "
                          f"(min {min(speedups[c]):.2f}x, max {max(speedups[c]):.2f}x)")
     lines += _tunebank_by_ms(results, cols)
+    if fastest_of:
+        lines += _tunebank_by_fastest(results, cols, [data, *fastest_of])
     problems = [f"{m} / {c}: {e.get('status')}: {e.get('error') or e.get('note', '')}"
                 for m, es in results.items() for c, e in es.items() if e.get("status") not in ("ok",)]
     problems += [f"{m} / {c}: not run" for m, es in results.items() for c in cols if c not in es]
@@ -580,6 +584,35 @@ def _tunebank_by_ms(results: dict[str, dict[str, Any]], cols: Sequence[str]) -> 
     return out
 
 
+def _tunebank_by_fastest(results: dict[str, dict[str, Any]], cols: Sequence[str],
+                         checkpoints: Sequence[dict[str, Any]]) -> list[str]:
+    """tunebank (``results``) over each model's fastest time of each other compiled column in ``checkpoints`` (of
+    one device): the comparison that favours the other column where a call's host slowed it, e.g. a launch-bound
+    block without a graph beside another call's compiles. Models below 1x are named."""
+    devices = {e.get("device") for c in checkpoints for es in c["results"].values() for e in es.values()} - {None}
+    if len(devices) > 1:
+        raise SystemExit(f"--fastest-of mixes devices: {sorted(devices)}")
+    out = []
+    for c in cols:
+        if c == "eager" or c.startswith("tunebank"):
+            continue
+        fastest: dict[str, float] = {}
+        for checkpoint in checkpoints:
+            for model, entries in checkpoint["results"].items():
+                e = entries.get(c, {})
+                if e.get("status") == "ok":
+                    fastest[model] = min(e["ms"], fastest.get(model, math.inf))
+        ratios = {m: fastest[m] / es["tunebank"]["ms"] for m, es in results.items()
+                  if m in fastest and es.get("tunebank", {}).get("status") == "ok"}
+        g = _geomean(list(ratios.values()))
+        if g is not None:
+            below = ", ".join(f"{m} {r:.2f}x" for m, r in ratios.items() if r < 1) or "none"
+            out.append(f"- tunebank over {c} by ms, each model's fastest {c} of {len(checkpoints)} checkpoints: "
+                       f"geomean {g:.3f}x over {len(ratios)} models (min {min(ratios.values()):.2f}x, max "
+                       f"{max(ratios.values()):.2f}x); below 1x: {below}")
+    return out
+
+
 def _origin(model: str) -> str:
     from bench import e2e_models
 
@@ -597,6 +630,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write the markdown of this JSON (to --out PREFIX.md) and exit")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
                         help="checkpoints to combine into --out PREFIX (the entry started last wins) and exit")
+    parser.add_argument("--fastest-of", type=Path, nargs="+", metavar="FILE", default=[],
+                        help="with --report: also compare tunebank with each model's fastest time of every other "
+                             "column in these checkpoints (same device) and the reported one")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--deadline", type=float, help="seconds: stop before this, recording the pair in flight")
     parser.add_argument("--retry-unfinished", action="store_true")
@@ -611,7 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(f"{args.out}.json").write_text(json.dumps(merged, indent=1) + "\n")
         args.report = Path(f"{args.out}.json")
     if args.report:
-        text = report(Checkpoint.load(args.report), origin=_origin)
+        text = report(Checkpoint.load(args.report), origin=_origin,
+                      fastest_of=[Checkpoint.load(f) for f in args.fastest_of])
         if args.out:
             Path(f"{args.out}.md").write_text(text)
         print(text)

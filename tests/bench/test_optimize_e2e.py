@@ -144,6 +144,27 @@ def test_report_compares_tunebank_with_the_other_columns_by_absolute_time() -> N
     assert "tunebank over max-autotune by ms: geomean 1.41x over 2 models (min 1.00x, max 2.00x)" in text
 
 
+def test_report_compares_tunebank_with_each_models_fastest_other_column_of_several_calls() -> None:
+    def ok(ms: float) -> dict[str, Any]:
+        return {"status": "ok", "ms": ms, "device": "NVIDIA H200"}
+
+    data = {"schema": e2e.SCHEMA, "runs": [], "results": {
+        "m1": {"default": ok(4.0), "tunebank": ok(1.0)},  # this call's default was slowed: 2.0 elsewhere
+        "m2": {"default": ok(1.0), "tunebank": ok(2.0)}}}
+    other = {"schema": e2e.SCHEMA, "runs": [], "results": {
+        "m1": {"default": ok(2.0)}, "m2": {"default": ok(1.5), "max-autotune": ok(1.0)},
+        "m3": {"default": ok(0.5)}}}  # a model the reported call lacks counts for nothing
+    text = e2e.report(data, fastest_of=[other])
+    # fastest default / tunebank: m1 2.0 / 1.0, m2 1.0 / 2.0 -> geomean 1.0 (this call alone: 4 and 0.5 -> 1.41)
+    assert ("tunebank over default by ms, each model's fastest default of 2 checkpoints: geomean 1.000x over 2 "
+            "models (min 0.50x, max 2.00x); below 1x: m2 0.50x") in text
+    assert "tunebank over default by ms: geomean 1.41x" in text
+    assert "fastest max-autotune" not in text  # not a column of the reported call
+    elsewhere = {"schema": e2e.SCHEMA, "runs": [], "results": {"m1": {"default": {**ok(1.0), "device": "H100"}}}}
+    with pytest.raises(SystemExit, match="mixes devices"):
+        e2e.report(data, fastest_of=[elsewhere])
+
+
 def test_input_copies_and_error_measure() -> None:
     x, idx = torch.randn(4, 8), torch.randint(0, 5, (4,))
     sets = e2e.input_sets((x, idx), copies=3)
