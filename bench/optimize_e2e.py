@@ -586,14 +586,15 @@ def _tunebank_by_ms(results: dict[str, dict[str, Any]], cols: Sequence[str]) -> 
 
 def _tunebank_by_fastest(results: dict[str, dict[str, Any]], cols: Sequence[str],
                          checkpoints: Sequence[dict[str, Any]]) -> list[str]:
-    """tunebank (``results``) over each model's fastest time of each other compiled column in ``checkpoints`` (of
-    one device): the comparison that favours the other column where a call's host slowed it, e.g. a launch-bound
-    block without a graph beside another call's compiles. Models below 1x are named."""
+    """tunebank (``results``) over each model's fastest time of each other compiled column any of ``checkpoints``
+    (of one device) holds: the comparison that favours the other column where a call's host slowed it, e.g. a
+    launch-bound block without a graph beside another call's compiles. Models below 1x are named."""
     devices = {e.get("device") for c in checkpoints for es in c["results"].values() for e in es.values()} - {None}
     if len(devices) > 1:
         raise SystemExit(f"--fastest-of mixes devices: {sorted(devices)}")
+    present = {c for checkpoint in checkpoints for es in checkpoint["results"].values() for c in es}
     out = []
-    for c in cols:
+    for c in [*cols, *sorted(present - set(cols))]:
         if c == "eager" or c.startswith("tunebank"):
             continue
         fastest: dict[str, float] = {}
