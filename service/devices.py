@@ -90,11 +90,16 @@ def detect_device(backend: str) -> DeviceSpec:
 
 
 def toolchain(backend: str) -> str:
-    """The compiler identity recorded with measurements on ``backend``."""
+    """What measurements on ``backend`` are keyed by besides subgraph, recipe and device: the compilers, and the
+    generation of tunebank's code generator (``transforms.codegen.CODEGEN_VERSION``)."""
+    from transforms import codegen
+
     if backend == "cpu":
         from transforms.compilers.cpu import toolchain_id
 
-        return toolchain_id()
-    from transforms.compilers.cuda import toolchain_id as cuda_toolchain
+        compilers = toolchain_id()
+    else:
+        from transforms.compilers.cuda import toolchain_id as cuda_toolchain
 
-    return " ".join(t for t in (cuda_toolchain("nvrtc"), cuda_toolchain("nvcc")) if t) or "cuda"
+        compilers = " ".join(t for t in (cuda_toolchain("nvrtc"), cuda_toolchain("nvcc")) if t) or "cuda"
+    return f"{compilers} codegen {codegen.CODEGEN_VERSION}"

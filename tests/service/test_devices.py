@@ -8,6 +8,7 @@ import pytest
 
 from db.models import Baseline, Measurement
 from service.devices import toolchain
+from transforms import codegen
 from transforms.compilers import cpu
 
 COLUMN = min(Measurement.__table__.c.toolchain.type.length, Baseline.__table__.c.toolchain.type.length)
@@ -23,6 +24,14 @@ def fresh_ids() -> Iterator[None]:
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 def test_this_machines_toolchain_ids_fit_the_column(backend: str) -> None:
     assert 0 < len(toolchain(backend)) <= COLUMN and "\n" not in toolchain(backend)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_the_toolchain_names_the_code_generators_version(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = toolchain(backend)
+    assert now.endswith(f" codegen {codegen.CODEGEN_VERSION}")
+    monkeypatch.setattr(codegen, "CODEGEN_VERSION", codegen.CODEGEN_VERSION + 1)
+    assert toolchain(backend) != now and toolchain(backend).rpartition(" codegen ")[0] == now.rpartition(" codegen ")[0]
 
 
 def test_the_cpu_id_is_the_compilers_first_version_line_the_codegen_flags_and_the_cpu(fresh_ids: None) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tunebank
+from transforms import codegen
 from transforms.plan import PlanError
 from tunebank.settings import Settings
 
@@ -50,6 +51,18 @@ def test_compile_runs_generated_kernels_and_matches_eager(compiled: tuple) -> No
     assert fast.plan.kernels > 0
     with torch.no_grad():
         torch.testing.assert_close(fast(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_measurements_of_another_code_generator_are_measured_again(compiled: tuple, data_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    module, _, x = compiled
+    settings = Settings(data_dir=data_dir)
+    again = tunebank.optimize(module, (x,), time_model=False, settings=settings, **FAST)
+    assert again.report.measured == 0 and "hit" in {s.source for s in again.report.subgraphs}
+    monkeypatch.setattr(codegen, "CODEGEN_VERSION", codegen.CODEGEN_VERSION + 1)  # recipes now make other kernels
+    bumped = tunebank.optimize(module, (x,), time_model=False, settings=settings, **FAST)
+    assert bumped.report.measured > 0 and "hit" not in {s.source for s in bumped.report.subgraphs}
+    assert "transfer" in {s.source for s in bumped.report.subgraphs}  # the old measurements still lend recipes
 
 
 def test_a_saved_plan_loads_in_a_new_process_and_matches_eager(compiled: tuple, data_dir: Path,

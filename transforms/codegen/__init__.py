@@ -8,6 +8,11 @@ from transforms.codegen.kernel import Kernel
 from transforms.schedule import Schedule
 
 BACKENDS = ("cpu", "cuda")
+#: The generation of tunebank's kernels, part of the toolchain every measurement is keyed by
+#: (``service.devices.toolchain``). Bump it when a recipe generates a different kernel than it did: a measurement of
+#: the old kernel then stops being a hit (it is measured again), while neighbours' recipes still transfer.
+#: 2: a row reduction's views are folded into its store (``transforms.views.kernel_program``).
+CODEGEN_VERSION = 2
 
 
 def generate(schedule: Schedule, backend: str = "cpu") -> Kernel:
@@ -27,4 +32,4 @@ def generate(schedule: Schedule, backend: str = "cpu") -> Kernel:
     raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "Kernel", "generate"]
+__all__ = ["BACKENDS", "CODEGEN_VERSION", "Kernel", "generate"]
