@@ -83,7 +83,8 @@ from service.transfer import Neighbour, neighbours, transfer_from
 from service.whole_model import choose_runtime
 from transforms.plan import LOAD, Parts, Plan, Step, Target, content_hash, fold_side, kernel_step, step_subgraph
 from transforms.plan_runtime import PlanModule
-from transforms.recipe import parse
+from transforms.recipe import Recipe, parse
+from transforms.results import RunResult
 from transforms.run import Worker
 from transforms.schedule import ScheduleError
 from transforms.space import default_recipe
@@ -294,8 +295,7 @@ class _Folder:
         sub = self.parts[j][0]
         if sub.structural_hash not in self.copies:
             task = replace(make_task(sub, seed=self.seed), key=sub.structural_hash)
-            self.measurer.table.results.setdefault(task.key, {}).update(self.store.results(sub))
-            result = self.measurer.measure(task, task.key, [default_recipe(task.program, self.backend)])[0]
+            result = self._measure(task, sub, default_recipe(task.program, self.backend))
             self.copies[sub.structural_hash] = result.median_s if result.ok else 0.0
         return max(seconds, self.copies[sub.structural_hash])
 
@@ -309,9 +309,13 @@ class _Folder:
             task = replace(task, program=fold_layout(task.program), key=merged.structural_hash)
         except (ScheduleError, EmbedError, ValueError):
             return None
-        self.measurer.table.results.setdefault(task.key, {}).update(self.store.results(merged))
-        result = self.measurer.measure(task, task.key, [parse(step.recipe)])[0]
+        result = self._measure(task, merged, parse(step.recipe))
         return (result.median_s, made) if result.ok else None
+
+    def _measure(self, task: Task, subgraph: Subgraph, recipe: Recipe) -> RunResult:
+        """``recipe`` on ``task`` (of ``subgraph``), stored; what an earlier run stored is not measured again."""
+        self.measurer.table.results.setdefault(task.key, {}).update(self.store.results(subgraph))
+        return self.measurer.measure(task, task.key, [recipe])[0]
 
 
 def _step_seconds(row: SubgraphReport) -> float | None:
