@@ -110,12 +110,16 @@ def cudnn_conv(launch: Launch) -> Call:
 
 
 def warm_cudnn() -> None:
-    """Import torch and load cuDNN on the GPU with one small convolution: what the first library convolution of a
-    worker would otherwise pay (seconds) when it runs."""
+    """Import torch and load cuDNN on the GPU with small convolutions, one per way a candidate calls it (its heuristic,
+    its benchmark search in float32 and, where eager allows it, in TF32, and a depthwise one): what the first library
+    convolutions of a worker would otherwise pay when they run. On an H200 a benchmark search took 0.6-1.0 s in a
+    fresh process and 0.04-0.25 s after a warmed one (``bench/README.md``)."""
     import torch
 
-    x = torch.ones(1, 8, 8, 8, device="cuda")
-    torch.nn.functional.conv2d(x, torch.ones(8, 8, 3, 3, device="cuda"))
+    x, dense, depthwise = (torch.ones(shape, device="cuda") for shape in ((1, 8, 8, 8), (8, 8, 3, 3), (8, 1, 3, 3)))
+    torch.nn.functional.conv2d(x, depthwise, groups=8)
+    for tf32 in sorted({False, bool(torch.backends.cudnn.allow_tf32)}):
+        torch.ops.aten.cudnn_convolution(x, dense, [1, 1], [1, 1], [1, 1], 1, True, False, tf32)
     torch.cuda.synchronize()
 
 

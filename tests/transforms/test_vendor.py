@@ -181,3 +181,18 @@ def test_a_cpu_library_conv_amplified_by_batch_norm_validates(tmp_path: Path) ->
             [parse("conv(torch)")])
     assert result.ok, result.error
     assert result.max_rel_err > 1.5e-4  # past float32's tolerance widened for 32 terms, 1.41e-4
+
+
+def test_cudnn_heuristic_convolution_applies_but_is_not_offered() -> None:
+    """PyTorch keeps one cuDNN plan per shape in a process, whichever mode made it first: after the benchmark search a
+    ``conv(cudnn,default)`` candidate would time the searched plan again. It still applies (older plans hold it)."""
+    (conv,) = subgraphs(conv_block(), "conv2d")[:1]
+    space = RecipeSpace(make_task(conv).program, "cuda")
+    heuristic = parse("conv(cudnn,default)")
+    offered = [str(r) for r in space.vendor_ranked() if str(r).startswith("conv(")]
+    assert offered == ["conv(cudnn,benchmark)", "conv(torch)", "conv(cudnn,benchmark,tf32)"]
+    assert heuristic not in space.alternatives
+    launch = kernel_step(conv, "conv(cudnn,default)", "cuda").launches[0]
+    assert {a["name"]: a["value"] for a in launch["args"] if a["type"] == "Scalar"}["benchmark"] == 0
+    with pytest.raises(ScheduleError, match="use one of .*conv\\(cudnn,default\\)"):
+        kernel_step(conv, "conv(cudnn,fastest)", "cuda")

@@ -1,7 +1,9 @@
 """``conv(cudnn,benchmark|default)``, ``conv(torch)``: run a convolution (``transforms.convolution``) in a vendor
 library through PyTorch, then its epilogue (bias, batch-norm, activation, residual) as one generated kernel
 (``transforms.codegen.vendor``). ``cudnn`` (cuda) calls cuDNN itself, ``benchmark`` letting it time its algorithms
-once per shape and keep the fastest, ``default`` taking its heuristic's choice; ``torch`` (cpu: oneDNN; cuda: what
+once per shape and keep the fastest, ``default`` taking its heuristic's choice (applied, never offered: PyTorch
+keeps one cuDNN plan per shape and TF32 setting in a process, whichever mode made it first, so after a benchmark
+search ``default`` runs the searched plan and measuring it times that plan again); ``torch`` (cpu: oneDNN; cuda: what
 PyTorch's own dispatch picks, e.g. its depthwise kernel) runs ``conv2d``. They compute in float32 or float64, but
 ``conv(cudnn,benchmark,tf32)``, offered where eager PyTorch convolves in TF32 itself
 (``torch.backends.cudnn.allow_tf32``, on by default), lets cuDNN round the operands to TF32 on the tensor cores as
@@ -16,9 +18,11 @@ from transforms.recipe import Step
 from transforms.schedule import Schedule, ScheduleError
 from transforms.transformation import Transformation
 
-#: The steps of each backend, in the order they are tried: cuDNN's own best (timed) first.
-PATHS = {"cuda": (("cudnn", "benchmark"), ("cudnn", "default"), ("torch",), ("cudnn", "benchmark", "tf32")),
-         "cpu": (("torch",),)}
+#: The steps each backend offers, in the order they are tried: cuDNN's own best (timed) first.
+PATHS = {"cuda": (("cudnn", "benchmark"), ("torch",), ("cudnn", "benchmark", "tf32")), "cpu": (("torch",),)}
+#: Every step that applies: those offered, and cuDNN's heuristic (module docstring), which plans and databases of
+#: earlier versions hold.
+KNOWN = (*dict.fromkeys(args for paths in PATHS.values() for args in paths), ("cudnn", "default"))
 TF32 = "tf32"
 
 
@@ -47,9 +51,9 @@ class Conv(Transformation):
         return step if step in offered else (same or offered or [None])[0]
 
     def apply(self, schedule: Schedule, step: Step) -> Schedule:
-        if step.args not in {args for paths in PATHS.values() for args in paths} or step.kwargs:
-            known = dict.fromkeys(f"conv({','.join(args)})" for paths in PATHS.values() for args in paths)
-            raise ScheduleError(f"step {step}: use one of {', '.join(known)}")
+        if step.args not in KNOWN or step.kwargs:
+            known = ", ".join(f"conv({','.join(args)})" for args in KNOWN)
+            raise ScheduleError(f"step {step}: use one of {known}")
         if TF32 in step.args and not eager_convolves_in_tf32():
             raise ScheduleError(f"step {step}: PyTorch's cuDNN TF32 is off here (torch.backends.cudnn.allow_tf32)")
         return schedule.set(vendor=("conv", *(str(a) for a in step.args)))
