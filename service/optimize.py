@@ -24,8 +24,6 @@ Per distinct subgraph, in partition order:
 Eager is timed for every subgraph to transfer first, in this process, on the GPU; then the worker builds their
 problems ahead while this process looks up neighbours and compiles candidates (``Worker.prepare``), and is settled
 (``Worker.settle``) before this process times on the GPU again, so no timing shares the GPU with a problem built.
-While eager is timed the worker only loads what its first trials would wait for (its CUDA context, and cuDNN where a
-subgraph convolves: ``transforms.worker.WARM``), host work but for a few tiny kernels.
 
 The eager implementation is always a candidate: a kernel is chosen only when it is faster than eager by more than
 ``margin`` (default 5%: within that, timing noise decides, and eager costs nothing to keep). Then the model is run
@@ -51,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -182,14 +180,13 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     stages.add("lookup", started)
     if progress:
         progress(0, len(distinct), "eager timings")
-    libraries = _libraries(tasks.values(), ctx.backend)
-    worker.prepare([], ctx.backend, warm=libraries)  # loaded while eager is timed
     started = time.perf_counter()
     for h, row in zip(distinct, rows, strict=True):  # on the GPU before the worker builds problems there
         if h in tasks and _under_bound(tasks[h], row, measurer.eager(tasks[h], h), ctx.device):
             del tasks[h]
     stages.add("eager", started)
-    worker.prepare([task.problem for task in tasks.values()], ctx.backend, warm=libraries)  # those not loaded yet
+    convolutions = ctx.backend == "cuda" and any(n.op == "conv2d" for t in tasks.values() for n in t.program.nests)
+    worker.prepare([task.problem for task in tasks.values()], ctx.backend, warm=("cudnn",) if convolutions else ())
     for n, ((h, subgraph), row) in enumerate(zip(distinct.items(), rows, strict=True)):
         if progress:
             progress(n, len(distinct), "+".join(subgraph.ops)[:60])
@@ -226,15 +223,6 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     if module is not None:
         module.plan = plan
     return Optimized(plan, report, module, params)
-
-
-def _libraries(tasks: Iterable[Task], backend: str) -> tuple[str, ...]:
-    """What the worker warms for ``tasks`` (``transforms.worker.WARM``): on cuda its context, and cuDNN where a task
-    convolves."""
-    if backend != "cuda":
-        return ()
-    convolutions = any(n.op == "conv2d" for t in tasks for n in t.program.nests)
-    return ("cuda", "cudnn") if convolutions else ("cuda",)
 
 
 class _Kernels:

@@ -373,11 +373,10 @@ class Worker:
         return self.spec_source(problem, backend) or self.problem_file(problem)
 
     def prepare(self, problems: Sequence[Problem], backend: str, *, warm: Sequence[str] = ()) -> None:
-        """Tell the worker which problems ``backend`` trials ask for next, in order, and which libraries to load
-        (``warm``, ``transforms.worker.WARM``; each once per worker): while it waits for trials it warms those, then
-        builds the problems sent as specs (``transforms.worker.Problems``), so both overlap the caller's own work
-        (candidates generated and compiled). Each call replaces what the last one asked for and the worker has not
-        done yet. Not waited for; a worker that cannot start is left to the next trial."""
+        """Tell the worker which problems ``backend`` trials ask for next, in order: it builds those sent as specs
+        while it waits for trials (``transforms.worker.Problems``), so building them overlaps the caller's own work
+        (candidates generated and compiled); then it warms the libraries named in ``warm``
+        (``transforms.worker.WARM``). Not waited for; a worker that cannot start is left to the next trial."""
         sources = [s for p in problems if (s := self.spec_source(p, backend)) is not None]
         if sources or warm:
             self._send({"prepare": sources, "backend": backend, "warm": list(warm)})

@@ -47,7 +47,7 @@ def _cpu_call(launch: Launch, run: Callable[[list[Any]], None]) -> Call:
     return call
 
 
-def _cuda_call(launch: Launch, run: Callable[[list[Any]], None], flags: dict[str, bool] | None = None) -> Call:
+def _cuda_call(launch: Launch, run: Callable[[list[Any]], None], flags: dict[str, bool | int] | None = None) -> Call:
     """A cuda binding: ``run(tensors)`` on the CuPy arrays as tensors, on the given stream."""
     import torch
 
@@ -104,22 +104,26 @@ def torch_conv(launch: Launch, backend: str = "cuda") -> Call:
     return _cpu_call(launch, run) if backend == "cpu" else _cuda_call(launch, run, {"benchmark": False})
 
 
+#: How many of its heuristic's best-ranked plans cuDNN's benchmark search times (PyTorch's default: 10). The search
+#: runs once per shape in each process, the optimizing worker's and the plan's: in a process of its own it took
+#: 0.005-1.25 s a shape on an H200 at the held-out models' convolutions (``bench/README.md``), the largest part of
+#: optimizing a convolutional model, and the plans it times last are the ones the heuristic ranks lowest.
+BENCHMARK_LIMIT = 4
+
+
 def cudnn_conv(launch: Launch) -> Call:
-    """``aten.cudnn_convolution`` into out, cuDNN's algorithm chosen by timing (benchmark 1) or its heuristic."""
-    return _cuda_call(launch, _conv(launch, cudnn=True))
+    """``aten.cudnn_convolution`` into out, cuDNN's algorithm chosen by timing (benchmark 1: the best of the
+    :data:`BENCHMARK_LIMIT` plans its heuristic ranks first) or its heuristic."""
+    return _cuda_call(launch, _conv(launch, cudnn=True), {"benchmark_limit": BENCHMARK_LIMIT})
 
 
 def warm_cudnn() -> None:
-    """Import torch and load cuDNN on the GPU with small convolutions, one per way a candidate calls it (its heuristic,
-    its benchmark search in float32 and, where eager allows it, in TF32, and a depthwise one): what the first library
-    convolutions of a worker would otherwise pay when they run. On an H200 a benchmark search took 0.6-1.0 s in a
-    fresh process and 0.04-0.25 s after a warmed one (``bench/README.md``)."""
+    """Import torch and load cuDNN on the GPU with one small convolution: what the first library convolution of a
+    worker would otherwise pay (seconds) when it runs."""
     import torch
 
-    x, dense, depthwise = (torch.ones(shape, device="cuda") for shape in ((1, 8, 8, 8), (8, 8, 3, 3), (8, 1, 3, 3)))
-    torch.nn.functional.conv2d(x, depthwise, groups=8)
-    for tf32 in sorted({False, bool(torch.backends.cudnn.allow_tf32)}):
-        torch.ops.aten.cudnn_convolution(x, dense, [1, 1], [1, 1], [1, 1], 1, True, False, tf32)
+    x = torch.ones(1, 8, 8, 8, device="cuda")
+    torch.nn.functional.conv2d(x, torch.ones(8, 8, 3, 3, device="cuda"))
     torch.cuda.synchronize()
 
 

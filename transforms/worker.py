@@ -437,17 +437,8 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
     return check(output, reference, max(tolerance, own.get(b.name, 0.0)), xp, dtype=b.dtype)
 
 
-def warm_cuda() -> None:
-    """Import CuPy and what builds a problem sent as a spec, and make the CUDA context with one tiny kernel: what the
-    first cuda problem of a worker would otherwise pay (about a second) when a trial waits for it."""
-    import transforms.problem  # noqa: F401 (embed and pydantic, imported once)
-
-    if not CudaBackend().usable():
-        raise RuntimeError("the CUDA context does not work")
-
-
 #: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
-WARM: dict[str, Callable[[], None]] = {"cuda": warm_cuda, "cudnn": vendor_torch.warm_cudnn}
+WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
 
 
 def _warm(name: str) -> None:
@@ -520,26 +511,23 @@ def main() -> None:
 
 
 def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
-    """Answer each message of ``lines``; while none waits, warm the libraries the last ``prepare`` named (each once),
-    then build the prepared problems. Warming comes first: a caller names libraries before it has problems to send
-    (``service.optimize`` while it times eager on the GPU), and a library's first load is host work that the first
-    trial would otherwise wait for."""
+    """Answer each message of ``lines``; while none waits, build the prepared problems, then warm the libraries the
+    last ``prepare`` named (each once)."""
     problems = Problems()
     warming: list[str] = []
     warmed: set[str] = set()
     while not lines.closed:
         message = lines.next(0 if problems.pending() or warming else None)
         if message is None:
-            if warming:
-                name = warming.pop(0)
-                warmed.add(name)
-                _warm(name)
-            elif problems.pending():
+            if problems.pending():
                 problems.build_next()
+            elif warming:
+                _warm(warming.pop(0))
             continue
         if "prepare" in message:
             problems.prepare(message["prepare"], message["backend"])
             warming = [name for name in message.get("warm", ()) if name in WARM and name not in warmed]
+            warmed.update(warming)
             reply({"ahead": problems.ahead})
             continue
         try:

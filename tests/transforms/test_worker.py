@@ -174,23 +174,18 @@ class ScriptedLines:
         return None
 
 
-def test_the_worker_warms_each_library_once_then_builds_prepared_problems_and_settling_stops_both(monkeypatch):
+def test_the_worker_builds_prepared_problems_then_warms_each_library_once_and_settling_stops_both(monkeypatch):
     events = []
     monkeypatch.setattr(worker.LoadedProblem, "open",
                         staticmethod(lambda source, xp: events.append(f"build {source}") or worker.LoadedProblem(
                             source, {}, {})))
     monkeypatch.setattr(worker, "WARM", {"lib": lambda: events.append("warm lib"),
-                                         "other": lambda: events.append("warm other"),
                                          "broken": lambda: 1 / 0})
-    early = {"prepare": [], "backend": "cpu", "warm": ["broken", "lib", "other", "unknown"]}
-    prepare = {"prepare": ["p0", "p1"], "backend": "cpu", "warm": ["lib", "other"]}
+    prepare = {"prepare": ["p0", "p1"], "backend": "cpu", "warm": ["broken", "lib", "unknown"]}
     idle = [None] * 6
-    # the problems come after two warms: "other", still to warm, is kept; "lib", warmed, is not warmed again
-    lines = ScriptedLines([early, None, None, prepare, *idle, prepare, *idle,
-                           {"prepare": ["p2"], "backend": "cpu", "warm": ["lib"]},
+    lines = ScriptedLines([prepare, *idle, prepare, *idle, {"prepare": ["p2"], "backend": "cpu", "warm": ["lib"]},
                            {"prepare": [], "backend": "cpu"}, *idle], events)
     worker.serve(lines, lambda data: events.append(data))
-    assert events == [{"ahead": 0}, "warm lib",  # the broken one failed quietly
-                      {"ahead": 0}, "warm other", "build p0", "build p1",
+    assert events == [{"ahead": 0}, "build p0", "build p1", "warm lib",  # the broken one failed quietly
                       {"ahead": 0},  # p0 and p1 still built; each library warmed once
                       {"ahead": 0}, {"ahead": 0}]  # settled before p2 was built
