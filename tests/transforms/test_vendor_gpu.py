@@ -23,7 +23,7 @@ from transforms.codegen import generate
 from transforms.plan import Plan, Step, Target, kernel_step
 from transforms.plan_runtime import PlanModule
 from transforms.recipe import parse
-from transforms.run import Worker
+from transforms.run import Launch, Worker
 from transforms.space import RecipeSpace
 from transforms.transformation import apply_recipe
 from transforms.tune import eager_seconds, evaluator, make_task
@@ -89,3 +89,20 @@ def test_the_cuda_epilogue_kernels_compile(tmp_path: Path) -> None:
         sources.append(Source(kernel.code, "cuda", arch="compute_90"))
     results = build(sources, cache_dir=tmp_path, jobs=2)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
+
+
+@needs_gpu
+def test_the_cudnn_benchmark_search_is_limited_to_the_heuristics_first_plans(monkeypatch) -> None:
+    import cupy
+
+    from transforms import vendor_torch
+
+    seen = []
+    monkeypatch.setattr(vendor_torch, "_conv", lambda launch, cudnn: lambda tensors: seen.append(
+        (torch.backends.cudnn.benchmark_limit, torch.backends.cudnn.enabled)))
+    (conv,) = conv_subgraphs(MODELS[0])[:1]
+    launch = next(Launch.from_json(data) for data in kernel_step(conv, "conv(cudnn,benchmark)", "cuda").launches
+                  if data["library"] == "cudnn_conv")
+    call = vendor_torch.cudnn_conv(launch)
+    call((1, 1, 1), (1, 1, 1), [cupy.zeros(b.shape, cupy.float32) for b in launch.buffers])
+    assert seen == [(vendor_torch.BENCHMARK_LIMIT, True)] and torch.backends.cudnn.benchmark_limit == 10
