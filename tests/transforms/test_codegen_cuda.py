@@ -302,3 +302,43 @@ def test_row_kernels_validate_on_the_gpu(tmp_path: Path, graph: str) -> None:
     results = measure(g, [r.replace(";inline(gather)", "") if graph != "cross_entropy" else r for r in ROW_RECIPES],
                       tmp_path, backend="cuda")
     assert [(r, x.error[:200]) for r, x in zip(ROW_RECIPES, results, strict=True) if not x.ok] == []
+
+
+def _add_layernorm_silu(rows: int, cols: int) -> Graph:
+    b = GraphBuilder("add_ln_silu")
+    x, bias = b.input("x", (rows, cols), "float32"), b.param("bias", (cols,), "float32")
+    w, beta = b.param("w", (cols,), "float32"), b.param("beta", (cols,), "float32")
+    s = b.node("add", [x, bias], (rows, cols), "float32")
+    n = b.node("layer_norm", [s, w, beta], (rows, cols), "float32", axes=[1], eps=1e-5)
+    return b.build([b.node("silu", [n], (rows, cols), "float32", name="out")])
+
+
+WIDE = parse("fuse(all);threads(64);reduce(warp);row_mode(registers);vectorize(8)")
+
+
+def test_a_lane_owns_one_16_byte_word_a_chunk_so_a_warps_words_are_contiguous() -> None:
+    fp32 = generate(apply_recipe(WIDE, lower(_add_layernorm_silu(8, 1024))), "cuda").code
+    # 8 floats a lane would be two words 32 bytes apart per lane: 4 floats a lane, 8 chunks of 32 lanes x 4
+    assert "const idx_t kc7 = 896 + (idx_t)lane * 4;" in fp32 and "kc8" not in fp32
+    assert " + 16)" not in fp32 and "(const uint4*)((const char*)(b0" in fp32  # one 16-byte word, no second
+    half = generate(apply_recipe(WIDE, lower(_add_layernorm(8, 1024))), "cuda").code
+    assert "const idx_t kc3 = 768 + (idx_t)lane * 8;" in half  # 8 halves are one word
+
+
+def test_one_word_lanes_compute_the_reference_on_host_threads(tmp_path: Path) -> None:
+    from tests.transforms.test_views import threaded_host_source
+    from transforms.problem import make_problem
+    from transforms.run import Trial, Worker, run
+
+    graph = _add_layernorm_silu(4, 256)  # 2 chunks of 32 lanes x 4 floats a row, 2 rows a block
+    program = lower(graph)
+    kernel = generate(apply_recipe(WIDE, program), "cuda")
+    assert "const idx_t kc1 = 128 + (idx_t)lane * 4;" in kernel.code
+    options = ("-x", "c++", "-pthread", "-w", "-O1")
+    (built,) = build([Source(threaded_host_source(kernel.code, kernel.launches), "cpu", options=options)],
+                     cache_dir=tmp_path)
+    assert built.ok, built.error[:2000]
+    with Worker() as worker:
+        (result,) = run([Trial(built, kernel.launches, make_problem(graph, program, seed=5))], worker=worker,
+                        repeats=1, warmup=0)
+    assert result.ok, result.error

@@ -24,20 +24,22 @@ from transforms.recipe import parse
 from transforms.run import Launch, Trial, Worker, run
 from transforms.transformation import apply_recipe
 
-SHIM = r"""#include <math.h>
-#include <string.h>
-#undef INFINITY
-#undef NAN
-struct k_dim3 { unsigned x, y, z; };
-static k_dim3 threadIdx, blockIdx, blockDim, gridDim;
-struct uint4 { unsigned x, y, z, w; };
+#: CUDA's vector word types and bit casts, as host C++ (after ``#include <string.h>``).
+WORDS = r"""struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-#define __global__
+"""
+SHIM = r"""#include <math.h>
+#include <string.h>
+#undef INFINITY
+#undef NAN
+struct k_dim3 { unsigned x, y, z; };
+static k_dim3 threadIdx, blockIdx, blockDim, gridDim;
+""" + WORDS + r"""#define __global__
 #define __device__
 #define __launch_bounds__(...)
 #define __restrict__ __restrict

@@ -18,6 +18,7 @@ from embed.lower import lower
 from embed.partition import partition
 from embed.subgraph import SubgraphKind
 from tests.gpu import needs_gpu
+from tests.transforms.test_cuda_on_host import WORDS
 from transforms.build import Source, build
 from transforms.codegen import generate
 from transforms.compilers import cuda
@@ -162,8 +163,7 @@ struct k_dim3 { unsigned x, y, z; };
 static thread_local k_dim3 threadIdx;
 static k_dim3 blockIdx, blockDim, gridDim;
 static pthread_barrier_t k_barrier;
-static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-#define __syncthreads() pthread_barrier_wait(&k_barrier)
+""" + WORDS + r"""#define __syncthreads() pthread_barrier_wait(&k_barrier)
 #define __shared__ static
 #define __global__
 #define __device__

@@ -12,7 +12,8 @@ BACKENDS = ("cpu", "cuda")
 #: (``service.devices.toolchain``). Bump it when a recipe generates a different kernel than it did: a measurement of
 #: the old kernel then stops being a hit (it is measured again), while neighbours' recipes still transfer.
 #: 2: a row reduction's views are folded into its store (``transforms.views.kernel_program``).
-CODEGEN_VERSION = 2
+#: 3: a row kernel's lane owns at most one 16-byte word per chunk (``transforms.codegen.cuda_rows``).
+CODEGEN_VERSION = 3
 
 
 def generate(schedule: Schedule, backend: str = "cpu") -> Kernel:
