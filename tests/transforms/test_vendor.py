@@ -19,6 +19,7 @@ from embed.inputs import random_inputs
 from embed.ir import Graph
 from embed.lower import lower
 from embed.partition import partition
+from transforms.adapt import adapt
 from transforms.convolution import match_convolution
 from transforms.plan import Plan, PlanError, Step, Target, kernel_step, verify
 from transforms.plan_runtime import PlanModule
@@ -196,3 +197,5 @@ def test_cudnn_heuristic_convolution_applies_but_is_not_offered() -> None:
     assert {a["name"]: a["value"] for a in launch["args"] if a["type"] == "Scalar"}["benchmark"] == 0
     with pytest.raises(ScheduleError, match="use one of .*conv\\(cudnn,default\\)"):
         kernel_step(conv, "conv(cudnn,fastest)", "cuda")
+    # a neighbour that stored it lends cuDNN's searched plan, the one a run after the search gets anyway
+    assert adapt(heuristic, make_task(conv).program, "cuda")[0] == parse("conv(cudnn,benchmark)")
