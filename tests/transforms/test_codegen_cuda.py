@@ -323,6 +323,10 @@ def test_a_lane_owns_one_16_byte_word_a_chunk_so_a_warps_words_are_contiguous() 
     assert " + 16)" not in fp32 and "(const uint4*)((const char*)(b0" in fp32  # one 16-byte word, no second
     half = generate(apply_recipe(WIDE, lower(_add_layernorm(8, 1024))), "cuda").code
     assert "const idx_t kc3 = 768 + (idx_t)lane * 8;" in half  # 8 halves are one word
+    b = GraphBuilder("mixed")  # half rows, float32 weights: the rows' words decide, the weights stay in L1
+    x, w, beta = b.input("x", (8, 1024), "float16"), b.param("w", (1024,), "float32"), b.param("b", (1024,), "float32")
+    mixed = b.build([b.node("layer_norm", [x, w, beta], (8, 1024), "float16", name="out", axes=[1], eps=1e-5)])
+    assert "const idx_t kc3 = 768 + (idx_t)lane * 8;" in generate(apply_recipe(WIDE, lower(mixed)), "cuda").code
 
 
 def test_one_word_lanes_compute_the_reference_on_host_threads(tmp_path: Path) -> None:

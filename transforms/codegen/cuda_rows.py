@@ -170,7 +170,7 @@ def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | N
             mode, max(32, threads // max(schedule.rows_per_block, 1) // 32 * 32))
         lanes = min(lanes, 1 << (vectors - 1).bit_length())
     per_block = max(1, threads // lanes)
-    v = min(v, _word_elements(rg))  # wider runs as more chunks: a warp's word loads stay one contiguous span
+    v = min(v, _word_elements(rg, n))  # wider runs as more chunks: a warp's word loads stay one contiguous span
     chunks = -(-n // (lanes * v))
     registers = schedule.row_mode == "registers" and chunks * v <= MAX_REGISTER_ELEMS
     pairs = {} if registers or schedule.row_mode == "stream" else one_pass_pairs(rg.members, n)
@@ -181,14 +181,15 @@ def plan_rows(schedule: Schedule, g: Group, default_threads: int) -> RowPlan | N
     return plan
 
 
-def _word_elements(g: Group) -> int:
-    """The most consecutive elements a lane may own per chunk: what one 16-byte word of the group's widest
-    vectorized dtype holds. A lane owning more (``vectorize(8)`` on float32: two words) would make each of its word
-    loads and stores a warp instruction over every other 16 bytes, half of each sector; as more chunks of one word
-    a lane the warp's words are contiguous. On an H200 a float32 ``add+layer_norm+silu`` of 4096 x 1024 took 24-25 us
-    in the two-word layout and 16 us with one word a lane (``bench/README.md``)."""
-    sizes = [_VECTOR_DTYPES[b.dtype] for m in g.members for b in (g.program.buffers[a.tensor] for a in
-             (m.statement.write, *m.loads())) if b.dtype in _VECTOR_DTYPES]
+def _word_elements(g: Group, n: int) -> int:
+    """The most consecutive elements a lane may own per chunk: what one 16-byte word holds of the widest vectorized
+    dtype among the group's tensors larger than a row (its traffic; a row-long weight stays in the L1 cache). A lane
+    owning more (``vectorize(8)`` on float32: two words) would make each of its word loads and stores a warp
+    instruction over every other 16 bytes, half of each sector; as more chunks of one word a lane the warp's words
+    are contiguous. On an H200 a float32 ``add+layer_norm+silu`` of 4096 x 1024 took 24-25 us in the two-word
+    layout and 16 us with one word a lane (``bench/README.md``)."""
+    buffers = [g.program.buffers[a.tensor] for m in g.members for a in (m.statement.write, *m.loads())]
+    sizes = [_VECTOR_DTYPES[b.dtype] for b in buffers if b.dtype in _VECTOR_DTYPES and b.numel > n]
     return 16 // max(sizes, default=4)
 
 
