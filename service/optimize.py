@@ -89,7 +89,6 @@ from transforms.run import Worker
 from transforms.schedule import ScheduleError
 from transforms.space import default_recipe
 from transforms.tune import Task, make_task
-from transforms.views import fold_layout
 
 ENCODER_PREFERENCE = ("learned", "static+profiled", "static")
 Progress = Callable[[int, int, str], None]  # (subgraphs done, distinct subgraphs, what is running)
@@ -305,8 +304,7 @@ class _Folder:
         try:
             merged = step_subgraph(self.graph, self.parts, k, folded)
             made = kernel_step(merged, step.recipe, self.backend, folded=folded, structural_hash=step.structural_hash)
-            task = make_task(merged, seed=self.seed)
-            task = replace(task, program=fold_layout(task.program), key=merged.structural_hash)
+            task = replace(make_task(merged, seed=self.seed, fold=True), key=merged.structural_hash)
         except (ScheduleError, EmbedError, ValueError):
             return None
         result = self._measure(task, merged, parse(step.recipe))

@@ -107,11 +107,13 @@ class TuneResults(list[TuneResult]):
         self.orders = list(orders)
 
 
-def make_task(subgraph: Subgraph | Graph, *, seed: int = 0, name: str = "") -> Task:
+def make_task(subgraph: Subgraph | Graph, *, seed: int = 0, name: str = "", fold: bool = False) -> Task:
+    """The task of tuning ``subgraph``: its kernels' program (``transforms.views.kernel_program``; ``fold``: a plan's
+    kernel step with layout steps folded into it) and the problem its candidates are checked on."""
     graph = subgraph.graph if isinstance(subgraph, Subgraph) else subgraph
     kind = subgraph.kind.value if isinstance(subgraph, Subgraph) else "graph"
     program = lower(graph)
-    folded = kernel_program(program, subgraph.kind if isinstance(subgraph, Subgraph) else None)
+    folded = kernel_program(program, subgraph.kind if isinstance(subgraph, Subgraph) else None, fold=fold)
     return Task(name or graph.name, kind, graph, folded, described_problem(graph, program, seed=seed))
 
 
