@@ -22,6 +22,8 @@ mkdir -p $TMP/py && for w in .whl/*.whl; do python -m zipfile -e "$w" $TMP/py; d
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=$TMP/pycache
 python -m compileall -q -j 0 $TMP/py embed transforms service db tunebank > /dev/null
+# torch and sympy likewise (4-5 s of byte-compiling torch.export's imports fell on the first model of a call)
+python -m compileall -q -j 0 $(python -c "import os, sympy, torch; print(*(os.path.dirname(m.__file__) for m in (torch, sympy)))") > /dev/null
 export PYTHONPATH=$TMP/py:$PWD
 cp "${DB:-out/h200.db}" $TMP/e2e.db
 MODELS=$(python -c "import sys; sys.path.insert(0,'.'); from bench.e2e_models import MODELS; print(','.join(MODELS))")

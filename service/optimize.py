@@ -85,7 +85,7 @@ from transforms.plan import LOAD, Parts, Plan, Step, Target, content_hash, fold_
 from transforms.plan_runtime import PlanModule
 from transforms.recipe import Recipe, parse
 from transforms.results import RunResult
-from transforms.run import Worker
+from transforms.run import Worker, kept_worker
 from transforms.schedule import ScheduleError
 from transforms.space import default_recipe
 from transforms.tune import Task, make_task
@@ -153,7 +153,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     bound to ``params`` (random weights when not given) and timed whole on ``inputs`` (random when not given)
     against ``reference`` (the user's own module; by default the graph run eagerly)."""
     check_schema(ctx.database.engine)
-    worker.warm()  # its imports overlap the partition, lookups and neighbour search before the first trial
+    worker.warm(_worker_loads(graph, ctx.backend))  # its imports overlap the partition, lookups and eager timings
     stages = _Stages()
     started = time.perf_counter()
     parts = partition_nodes(graph)
@@ -222,6 +222,14 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     if module is not None:
         module.plan = plan
     return Optimized(plan, report, module, params)
+
+
+def _worker_loads(graph: Graph, backend: str) -> tuple[str, ...]:
+    """What the worker imports ahead (``transforms.worker.LOADS``): on cuda what it builds problems with, and torch
+    for a model with convolutions (cuDNN's trials run through it)."""
+    if backend != "cuda":
+        return ()
+    return ("problems", "torch") if any(node.op == "conv2d" for node in graph.nodes) else ("problems",)
 
 
 class _Kernels:
@@ -485,7 +493,7 @@ def optimize_job(params: dict[str, Any], progress: Any) -> dict[str, Any]:
     weights = model_weights(spec, graph)
     config = OptimizeConfig(k=int(params.get("k", 5)), margin=float(params.get("margin", 0.05)),
                             compare_compile=False)
-    with Worker() as worker:
+    with kept_worker() as worker:
         result = optimize(graph, ctx, worker=worker, config=config, name=spec,
                           params={n: t.to(device) for n, t in weights.items()} if weights is not None else None,
                           progress=lambda done, total, what: progress(done / max(total, 1), what))

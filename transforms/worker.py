@@ -7,6 +7,7 @@ Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a p
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import sys
@@ -439,11 +440,32 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
 
 #: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
 WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
+#: What a worker can be told to import before anything else (``Worker.warm``): host work only, which overlaps the
+#: caller's own until the first trial. ``problems``: what a problem sent as a spec is built with; ``torch``: what a
+#: library convolution's first trial would otherwise import (seconds).
+LOADS: dict[str, str] = {"problems": "transforms.problem", "torch": "torch"}
 
 
 def _warm(name: str) -> None:
     with contextlib.suppress(Exception):  # the trial that calls the library says what is wrong
         WARM[name]()
+
+
+def _load(names: Sequence[str]) -> None:
+    for name in names:
+        if name in LOADS:
+            importlib.import_module(LOADS[name])
+
+
+def _release_memory(backends: set[str]) -> None:
+    """Give back the device memory that the allocators of the worker's cuda trials cache (a worker kept between jobs
+    holds only its context)."""
+    if "cuda" in backends:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+        if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+            sys.modules["torch"].cuda.empty_cache()
 
 
 #: Problems built ahead of their first trial that the worker holds at most (each keeps its arrays on the device).
@@ -507,15 +529,18 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
+    _load(sys.argv[1:])
     serve(JsonLines(sys.stdin.fileno()), reply)
 
 
 def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
     """Answer each message of ``lines``; while none waits, build the prepared problems, then warm the libraries the
-    last ``prepare`` named (each once)."""
+    last ``prepare`` named (each once). A ``load`` message imports modules (``LOADS``) at once; a ``release``
+    message ends a job: the problems are dropped and the device memory cached for them given back."""
     problems = Problems()
     warming: list[str] = []
     warmed: set[str] = set()
+    backends: set[str] = set()  # those of the job's trials and problems
     while not lines.closed:
         message = lines.next(0 if problems.pending() or warming else None)
         if message is None:
@@ -524,6 +549,17 @@ def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
             elif warming:
                 _warm(warming.pop(0))
             continue
+        if "load" in message:
+            _load(message["load"])
+            reply({"ahead": problems.ahead})
+            continue
+        if "release" in message:
+            problems = Problems()
+            _release_memory(backends)
+            backends.clear()
+            reply({"ahead": problems.ahead})
+            continue
+        backends.add(message.get("backend", ""))
         if "prepare" in message:
             problems.prepare(message["prepare"], message["backend"])
             warming = [name for name in message.get("warm", ()) if name in WARM and name not in warmed]
