@@ -42,6 +42,8 @@ from embed.loopnest import (
     LoopNest,
     LoopProgram,
     Mod,
+    index_range,
+    without_splits,
 )
 
 
@@ -244,8 +246,10 @@ class _NestEval:
         A padded access (``fill``) views a copy of the tensor padded with ``fill`` as far as the grid reaches.
         """
         arr = self.env[access.tensor]
-        if self.empty or any(not isinstance(a, str) or a not in self.dense for e in access.index for a, _ in e.terms):
+        if self.empty:
             return None
+        if any(not isinstance(a, str) or a not in self.dense for e in access.index for a, _ in e.terms):
+            return self.reshaped(access, writeable)
         ranges = [self.range(e) for e in access.index]
         pads = tuple((max(0, -lo), max(0, hi - n + 1)) for (lo, hi), n in zip(ranges, arr.shape, strict=True))
         if any(before or after for before, after in pads):
@@ -261,10 +265,33 @@ class _NestEval:
                 offset += coef * self.first[k] * step
         if min(strides, default=0) < 0:
             return None
+        return self.view(arr, shape, strides, offset, writeable)
+
+    def view(self, arr: Any, shape: list[int], strides: list[int], offset: int, writeable: bool) -> Any:
+        """``arr``'s memory from byte ``offset`` on, viewed with ``shape`` and byte ``strides``."""
         base = arr.reshape(-1)[offset // max(arr.itemsize, 1):]
         if self.xp is np:
             return as_strided(base, shape, strides, writeable=writeable)
         return self.xp.lib.stride_tricks.as_strided(base, shape, strides)  # CuPy's views are always writeable
+
+    def reshaped(self, access: Access, writeable: bool = False) -> Any:
+        """A zero-copy view of an access through a reshape's index map (digits of a flat index, ``//`` and ``%``,
+        merged again in the tensor's offset: ``without_splits``), in bounds; None for any other access."""
+        arr = self.env[access.tensor]
+        extents = {d.name: d.extent for d in self.nest.dims if d.ragged is None}
+        ranges = [index_range(e, extents) for e in access.index]
+        if any(r is None or r[0] < 0 or r[1] >= n for r, n in zip(ranges, arr.shape, strict=True)):
+            return None
+        offset = without_splits(sum((e * (step // arr.itemsize) for e, step in zip(access.index, arr.strides,
+                                                                                     strict=True)), Affine()))
+        if any(not isinstance(a, str) or a not in self.dense or c < 0 for a, c in offset.terms):
+            return None
+        shape, strides, start = [1] * self.nd, [0] * self.nd, offset.const
+        for atom, coef in offset.terms:
+            k = self.axis[atom]  # type: ignore[index]
+            shape[k], strides[k] = self.shape[k], coef * arr.itemsize
+            start += coef * self.first[k]
+        return self.view(arr, shape, strides, start * arr.itemsize, writeable)
 
     def range(self, expr: Affine) -> tuple[int, int]:
         """Inclusive [min, max] of an affine index over this grid."""

@@ -220,6 +220,29 @@ def mod(expr: Affine, m: int, extents: Mapping[str, int]) -> Affine:
     return Affine.of(Mod(rest, m))
 
 
+def without_splits(expr: Affine) -> Affine:
+    """``expr`` with each ``A % m`` written ``A - m * (A // m)`` and each ``(A // a) // b`` as ``A // (a * b)`` (equal
+    for every integer ``A``), so that the digits of an index merged again cancel to the index: what a reshape's
+    flattening leaves in a row-major offset, e.g. ``12 * (i // 12) + 3 * ((i // 3) % 4) + i % 3`` is ``i``."""
+    total = Affine((), expr.const)
+    for atom, coef in expr.terms:
+        if isinstance(atom, Mod):
+            arg = without_splits(atom.arg)
+            total = total + (arg + Affine.of(_divided(arg, atom.modulus), -atom.modulus)) * coef
+        elif isinstance(atom, FloorDiv):
+            total = total + Affine.of(_divided(without_splits(atom.arg), atom.divisor), coef)
+        else:
+            total = total + Affine.of(atom, coef)
+    return total
+
+
+def _divided(arg: Affine, d: int) -> FloorDiv:
+    if not arg.const and len(arg.terms) == 1 and arg.terms[0][1] == 1 and isinstance(arg.terms[0][0], FloorDiv):
+        inner = arg.terms[0][0]
+        return FloorDiv(inner.arg, inner.divisor * d)
+    return FloorDiv(arg, d)
+
+
 def index_stride(expr: Affine, dim: str) -> float | None:
     """d(expr)/d(dim): the step of ``expr`` when ``dim`` grows by one; None through an Indirect."""
     total = 0.0

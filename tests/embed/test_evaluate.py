@@ -14,7 +14,7 @@ from embed.eager import run_eager
 from embed.evaluate import EvaluationError, evaluate
 from embed.inputs import random_inputs
 from embed.ir import Graph
-from embed.loopnest import Access, Affine, Call, FloorDiv, Load
+from embed.loopnest import Access, Affine, Call, FloorDiv, Load, Mod
 from embed.lower import lower
 from embed.partition import partition
 from embed.zoo.family import FAMILIES
@@ -329,6 +329,7 @@ CHUNKED = [
     lambda: single("softmax", [("x", (9, 20), "float32")], (9, 20), axis=1),
     lambda: single("spmm", [("ip", (4,), "int64"), ("ix", (5,), "int64"), ("v", (5,), "float32"),
                             ("d", (6, 8), "float32")], (3, 8), rows=3),
+    lambda: single("reshape", [("x", (4, 3, 5), "float32")], (4, 15), shape=[4, 15]),
 ]
 
 
@@ -406,3 +407,39 @@ def test_a_padded_read_through_a_floor_division_gives_the_fill() -> None:
     program = replace(program, nests=(replace(nest, statement=replace(nest.statement, body=body)),))
     x = rand((4, 6), 52)
     np.testing.assert_allclose(evaluate(program, {"x": x})["out"], 2 * x[:, 0] + 2 * x[:, 1], rtol=1e-12)
+
+
+@pytest.mark.parametrize(("src", "dst"), [((4, 3, 5), (4, 15)), ((2, 3, 4, 5), (120,)), ((6, 8), (2, 3, 8))])
+def test_a_reshape_reads_and_writes_through_views_not_gathers(src, dst, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_gather(*args, **kwargs):
+        raise AssertionError("gathered")
+
+    monkeypatch.setattr("embed.evaluate._NestEval.gather", no_gather)
+    x = rand(src, 5)
+    g = GraphBuilder("reshape_add")
+    a, b = g.input("a", src, "float32"), g.input("b", dst, "float32")
+    flat = g.node("reshape", [a], dst, "float32", shape=list(dst))
+    graph = g.build([g.node("add", [flat, b], dst, "float32", name="out")])
+    y = rand(dst, 6)
+    np.testing.assert_array_equal(evaluate(lower(graph), {"a": x, "b": y})["out"], x.reshape(dst) + y)
+
+
+def test_a_transposed_merge_is_no_view_and_reads_right() -> None:
+    # out[k] = x[k % 5, k // 5]: the digits merge column-major, so no strided view of row-major x is this read
+    program = lower(single("reshape", [("x", (5, 4), "float32")], (20,), shape=[20]))
+    nest = program.nests[0]
+    k = Affine.of(nest.dims[0].name)
+    read = Load(Access("x", (Affine.of(Mod(k, 5)), Affine.of(FloorDiv(k, 5)))))
+    program = replace(program, nests=(replace(nest, statement=replace(nest.statement, body=read)),))
+    x = rand((5, 4), 7)
+    np.testing.assert_array_equal(evaluate(program, {"x": x})["out"], x.T.reshape(-1))
+
+
+def test_a_reshaped_read_past_its_tensor_is_an_error_not_a_view_beyond_it() -> None:
+    program = lower(single("reshape", [("x", (4, 4), "float32")], (16,), shape=[16]))
+    nest = program.nests[0]
+    k = Affine.of(nest.dims[0].name)
+    read = Load(Access("x", (Affine.of(FloorDiv(k, 4)) + 1, Affine.of(Mod(k, 4)))))  # rows 1..4 of a 4-row x
+    program = replace(program, nests=(replace(nest, statement=replace(nest.statement, body=read)),))
+    with pytest.raises(EvaluationError, match="out of range"):
+        evaluate(program, {"x": rand((4, 4), 8)})

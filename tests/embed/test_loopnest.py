@@ -16,6 +16,7 @@ from embed.loopnest import (
     index_stride,
     make_nest,
     mod,
+    without_splits,
 )
 
 P, R = DimKind.PARALLEL, DimKind.REDUCTION
@@ -89,3 +90,32 @@ def test_statement_loads_include_indirect_index_reads() -> None:
     gathered = Access("x", (Affine.of(Indirect("idx", (i,))),))
     st = Statement(Access("out", (i,)), Load(gathered))
     assert [a.tensor for a in st.loads()] == ["x", "idx"]
+
+
+def _value(expr: Affine, env: dict[str, int]) -> int:
+    """``expr`` at integer dims ``env``, computed independently of embed.loopnest (Python's // and %)."""
+    total = expr.const
+    for atom, coef in expr.terms:
+        if isinstance(atom, str):
+            total += coef * env[atom]
+        elif isinstance(atom, FloorDiv):
+            total += coef * (_value(atom.arg, env) // atom.divisor)
+        else:
+            total += coef * (_value(atom.arg, env) % atom.modulus)
+    return total
+
+
+def test_digits_of_an_index_merged_again_leave_the_index() -> None:
+    a = i * 6 + j + 1  # any affine argument, with a constant
+    merged = Affine.of(FloorDiv(a, 4)) * 12 + Affine.of(Mod(a, 4)) * 3 + 5  # 3 * (4 * (a // 4) + a % 4) + 5
+    kept = Affine.of(FloorDiv(a, 4)) * 8 + Affine.of(Mod(a, 4))  # 8 != 4 * 1: no digits of one number
+    # i's digits in bases 3 and 4, as a reshape's flattening writes them
+    digits = Affine.of(FloorDiv(i, 12)) * 12 + Affine.of(Mod(Affine.of(FloorDiv(i, 3)), 4)) * 3 + Affine.of(Mod(i, 3))
+    assert without_splits(merged) == a * 3 + 5 and without_splits(digits) == i
+    assert any(isinstance(atom, FloorDiv) for atom, _ in without_splits(kept).terms)  # 8 * (a // 4) stays
+    for iv in range(-7, 30):  # equal at every point, negative arguments included
+        for jv in range(-3, 9):
+            env = {"i": iv, "j": jv}
+            assert _value(without_splits(merged), env) == _value(merged, env) == 3 * (iv * 6 + jv + 1) + 5
+            for expr in (digits, kept):
+                assert _value(without_splits(expr), env) == _value(expr, env)
