@@ -19,6 +19,7 @@ and eager and ``torch.compile`` pay neither. So:
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,10 +38,18 @@ def _users(tensor: torch.Tensor) -> int:
 
 def cuda_capture(run: Run, inputs: Sequence[torch.Tensor], pool: object) -> tuple[Callable[[], None],
                                                                                    list[torch.Tensor]]:
-    """``run(inputs)`` captured as one CUDA graph in memory pool ``pool``: (replay, its output tensors)."""
+    """``run(inputs)`` captured as one CUDA graph in memory pool ``pool``: (replay, its output tensors). No garbage
+    is collected meanwhile: a collection could free a dead plan's CUDA module or graph, a CUDA call that invalidates
+    the capture (and leaves PyTorch's CUDA generator mid-capture, so that the process's next random draw fails)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = run(inputs)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            outputs = run(inputs)
+    finally:
+        if collecting:
+            gc.enable()
     return graph.replay, outputs
 
 
