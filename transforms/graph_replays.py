@@ -19,7 +19,6 @@ and eager and ``torch.compile`` pay neither. So:
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,18 +37,10 @@ def _users(tensor: torch.Tensor) -> int:
 
 def cuda_capture(run: Run, inputs: Sequence[torch.Tensor], pool: object) -> tuple[Callable[[], None],
                                                                                    list[torch.Tensor]]:
-    """``run(inputs)`` captured as one CUDA graph in memory pool ``pool``: (replay, its output tensors). No garbage
-    is collected meanwhile: a collection could free a dead plan's CUDA module or graph, a CUDA call that invalidates
-    the capture (and leaves PyTorch's CUDA generator mid-capture, so that the process's next random draw fails)."""
+    """``run(inputs)`` captured as one CUDA graph in memory pool ``pool``: (replay, its output tensors)."""
     graph = torch.cuda.CUDAGraph()
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.cuda.graph(graph, pool=pool):
-            outputs = run(inputs)
-    finally:
-        if collecting:
-            gc.enable()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run(inputs)
     return graph.replay, outputs
 
 
