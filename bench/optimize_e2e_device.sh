@@ -30,4 +30,4 @@ MODELS=$(python -c "import sys; sys.path.insert(0,'.'); from bench.e2e_models im
 TUNEBANK_E2E_DB=$TMP/e2e.db python bench/optimize_e2e.py ${RESUME:+--resume $RESUME} ${RETRY:+--retry-unfinished} \
   --out "$OUT/$NAME" --columns "$COLUMNS" --deadline "${DEADLINE:-500}" --models "${ONLY:-$MODELS}" \
   --commit "${COMMIT:-unknown}" 2>&1 \
-  | grep -v "Warning\|warnings.warn\|capture_end" | tee "$OUT/$NAME.log" | tail -40
+  | awk '!/warnings.warn|capture_end/ && !(/Warning/ && !/tunebank:/)' | tee "$OUT/$NAME.log" | tail -40
