@@ -153,7 +153,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     bound to ``params`` (random weights when not given) and timed whole on ``inputs`` (random when not given)
     against ``reference`` (the user's own module; by default the graph run eagerly)."""
     check_schema(ctx.database.engine)
-    worker.warm(worker_loads(ctx.backend))  # its imports overlap the partition, lookups and eager timings
+    worker.warm(_worker_loads(graph, ctx.backend))  # its imports overlap the partition, lookups and eager timings
     stages = _Stages()
     started = time.perf_counter()
     parts = partition_nodes(graph)
@@ -224,11 +224,12 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     return Optimized(plan, report, module, params)
 
 
-def worker_loads(backend: str) -> tuple[str, ...]:
-    """What a worker for ``backend`` imports as it starts (``transforms.worker.LOADS``): on cuda what it builds
-    problems with, and torch, through which cuDNN's trials run (seconds that would fall on a convolution's first
-    trial; a worker kept between jobs imports them once)."""
-    return ("problems", "torch") if backend == "cuda" else ()
+def _worker_loads(graph: Graph, backend: str) -> tuple[str, ...]:
+    """What the worker imports ahead (``transforms.worker.LOADS``): on cuda what it builds problems with, and torch
+    for a model with convolutions (cuDNN's trials run through it)."""
+    if backend != "cuda":
+        return ()
+    return ("problems", "torch") if any(node.op == "conv2d" for node in graph.nodes) else ("problems",)
 
 
 class _Kernels:
