@@ -85,7 +85,7 @@ from transforms.plan import LOAD, Parts, Plan, Step, Target, content_hash, fold_
 from transforms.plan_runtime import PlanModule
 from transforms.recipe import Recipe, parse
 from transforms.results import RunResult
-from transforms.run import Worker, kept_worker
+from transforms.run import Worker
 from transforms.schedule import ScheduleError
 from transforms.space import default_recipe
 from transforms.tune import Task, make_task
@@ -493,7 +493,7 @@ def optimize_job(params: dict[str, Any], progress: Any) -> dict[str, Any]:
     weights = model_weights(spec, graph)
     config = OptimizeConfig(k=int(params.get("k", 5)), margin=float(params.get("margin", 0.05)),
                             compare_compile=False)
-    with kept_worker() as worker:
+    with Worker() as worker:
         result = optimize(graph, ctx, worker=worker, config=config, name=spec,
                           params={n: t.to(device) for n, t in weights.items()} if weights is not None else None,
                           progress=lambda done, total, what: progress(done / max(total, 1), what))

@@ -34,8 +34,6 @@ Data travels as JSON lines over pipes and ``.npz`` files (loaded without pickle)
 a spec sends the spec (JSON) instead. Standard library and NumPy only: this module is on the GPU measurement path.
 """
 
-import atexit
-import contextlib
 import json
 import math
 import os
@@ -48,7 +46,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -451,24 +449,6 @@ class Worker:
         elif self._ready and load:
             self._send({"load": list(load)})
 
-    def release(self) -> bool:
-        """End a job: the worker drops its problems and gives back the device memory cached for them, ready for
-        another job with its process, imports and libraries loaded; whether it is (a worker that does not answer
-        is stopped)."""
-        if self._proc is None:
-            return False
-        if not self._ready:  # started and never used: it holds nothing
-            return True
-        if not self._send({"release": True}):
-            return False
-        try:
-            self._acknowledged(CLOSE_TIMEOUT_S + self.startup_timeout_s)
-        except (TimeoutError, EOFError):
-            self._proc.kill()
-            self._stop()
-            return False
-        return True
-
     def _spawn(self, load: Sequence[str] = ()) -> None:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed in close())
         self._proc = subprocess.Popen(
@@ -525,40 +505,6 @@ class Worker:
         if reply.pop("fatal"):
             self._stop()
         return RunResult.from_json(reply)
-
-
-_idle: list[Worker] = []
-_idle_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def kept_worker() -> Iterator[Worker]:
-    """A worker for one job (a model's optimize, a graph of the torch.compile backend): the one the last job of this
-    process left idle, or a new one. A job that ends normally leaves its worker idle (:meth:`Worker.release`), so
-    the next job finds its process, imports, CUDA context and libraries (cuDNN) loaded: only the first job of a
-    process pays for them. One idle worker is kept at most; it is closed at exit."""
-    with _idle_lock:
-        worker = _idle.pop() if _idle else Worker()
-    try:
-        yield worker
-    except BaseException:
-        worker.close()
-        raise
-    if not worker.release():
-        worker.close()
-        return
-    with _idle_lock:
-        if _idle:
-            worker.close()
-        else:
-            _idle.append(worker)
-
-
-@atexit.register
-def _close_idle() -> None:
-    with _idle_lock:
-        while _idle:
-            _idle.pop().close()
 
 
 def _reap(process: subprocess.Popen[bytes]) -> None:

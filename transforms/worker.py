@@ -457,17 +457,6 @@ def _load(names: Sequence[str]) -> None:
             importlib.import_module(LOADS[name])
 
 
-def _release_memory(backends: set[str]) -> None:
-    """Give back the device memory that the allocators of the worker's cuda trials cache (a worker kept between jobs
-    holds only its context)."""
-    if "cuda" in backends:
-        import cupy
-
-        cupy.get_default_memory_pool().free_all_blocks()
-        if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
-            sys.modules["torch"].cuda.empty_cache()
-
-
 #: Problems built ahead of their first trial that the worker holds at most (each keeps its arrays on the device).
 AHEAD = 4
 
@@ -535,12 +524,10 @@ def main() -> None:
 
 def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
     """Answer each message of ``lines``; while none waits, build the prepared problems, then warm the libraries the
-    last ``prepare`` named (each once). A ``load`` message imports modules (``LOADS``) at once; a ``release``
-    message ends a job: the problems are dropped and the device memory cached for them given back."""
+    last ``prepare`` named (each once). A ``load`` message imports modules (``LOADS``) at once."""
     problems = Problems()
     warming: list[str] = []
     warmed: set[str] = set()
-    backends: set[str] = set()  # those of the job's trials and problems
     while not lines.closed:
         message = lines.next(0 if problems.pending() or warming else None)
         if message is None:
@@ -553,13 +540,6 @@ def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
             _load(message["load"])
             reply({"ahead": problems.ahead})
             continue
-        if "release" in message:
-            problems = Problems()
-            _release_memory(backends)
-            backends.clear()
-            reply({"ahead": problems.ahead})
-            continue
-        backends.add(message.get("backend", ""))
         if "prepare" in message:
             problems.prepare(message["prepare"], message["backend"])
             warming = [name for name in message.get("warm", ()) if name in WARM and name not in warmed]

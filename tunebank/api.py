@@ -31,7 +31,7 @@ from service.weights import ModelSpec, decode_weights, encode_weights, model_wei
 from transforms.backends import resolve_backend
 from transforms.plan import Plan, PlanError, read_plan, save_plan
 from transforms.plan_runtime import PlanModule
-from transforms.run import kept_worker
+from transforms.run import Worker
 from tunebank.settings import Settings
 
 
@@ -80,7 +80,7 @@ def optimize(model: ModelSpec, example_inputs: Sequence[torch.Tensor] | None = N
     if params is not None:
         params = {n: t.to(device) for n, t in params.items()}
     try:
-        with kept_worker() as worker:
+        with Worker() as worker:
             return optimize_graph(graph, ctx, worker=worker, config=config, params=params, inputs=inputs,
                                   reference=reference, progress=progress, name=_name(model, graph))
     finally:

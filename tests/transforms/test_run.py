@@ -96,28 +96,12 @@ def test_failing_kernels_get_their_error_kind(built, problem, worker, name, kind
     assert result.median_s == float("inf")
 
 
-@pytest.fixture
-def no_idle_worker():
-    runner._close_idle()
-    yield
-    runner._close_idle()
-
-
-def test_a_kept_worker_serves_the_next_job_in_its_process_and_a_failed_job_closes_it(built, problem, no_idle_worker):
-    with runner.kept_worker() as first:
-        first.warm(load=("problems",))  # imported as the process starts
-        assert run([trial(built, problem, "correct")], worker=first, warmup=1, repeats=3)[0].ok
-        process = first._proc
-    with runner.kept_worker() as again:
-        assert again is first and again._proc is process and process.poll() is None
-        again.warm(load=("problems",))  # a started worker is told to import: its acknowledgement is read in turn
-        assert run([trial(built, problem, "correct")], worker=again, warmup=1, repeats=3)[0].ok and again.starts == 1
-    with pytest.raises(RuntimeError, match="the job failed"), runner.kept_worker() as failing:
-        assert failing is first
-        raise RuntimeError("the job failed")
-    assert process.wait(timeout=30) == 0  # closed: it exited at the end of its input
-    with runner.kept_worker() as fresh:
-        assert fresh is not first
+def test_a_worker_told_what_to_import_runs_its_trials(built, problem):
+    with Worker() as w:
+        w.warm(load=("problems",))  # imported as the process starts
+        assert run([trial(built, problem, "correct")], worker=w, warmup=1, repeats=3)[0].ok
+        w.warm(load=("problems",))  # a started worker is told to import: its acknowledgement is read in turn
+        assert run([trial(built, problem, "correct")], worker=w, warmup=1, repeats=3)[0].ok and w.starts == 1
 
 
 def test_a_kernel_that_reads_scratch_it_never_wrote_fails_validation(problem, worker, tmp_path):

@@ -191,21 +191,11 @@ def test_the_worker_builds_prepared_problems_then_warms_each_library_once_and_se
                       {"ahead": 0}, {"ahead": 0}]  # settled before p2 was built
 
 
-def test_a_release_drops_the_jobs_problems_and_a_load_imports_at_once(monkeypatch):
+def test_a_load_message_imports_at_once_what_it_names(monkeypatch):
     events = []
-    monkeypatch.setattr(worker.LoadedProblem, "open",
-                        staticmethod(lambda source, xp: events.append(f"build {source}") or worker.LoadedProblem(
-                            source, {}, {})))
-    monkeypatch.setattr(worker, "execute", lambda message, problem: (events.append(f"trial {problem.source}")
-                                                                    or worker.RunResult.failure("wrong", ""), False))
     monkeypatch.setattr(worker, "LOADS", {"lib": "some.module"})
     monkeypatch.setattr(worker, "importlib",
                         SimpleNamespace(import_module=lambda name: events.append(f"import {name}")))
-    idle = [None] * 3
-    lines = ScriptedLines([{"prepare": ["p0", "p1"], "backend": "cpu"}, *idle, {"problem": "p0", "backend": "cpu"},
-                           {"release": True}, {"problem": "p1", "backend": "cpu"}, {"load": ["lib", "unknown"]}],
-                          events)
-    worker.serve(lines, lambda data: events.append(data.get("ahead", "result")))
-    assert events == [0, "build p0", "build p1", "trial p0", "result",
-                      0,  # released: p1, built ahead for the last job, is dropped and the count starts again
-                      "build p1", "trial p1", "result", "import some.module", 0]
+    worker.serve(ScriptedLines([{"load": ["lib", "unknown"]}, {"load": []}], events),
+                 lambda data: events.append(data))
+    assert events == ["import some.module", {"ahead": 0}, {"ahead": 0}]  # an unknown name is no module
