@@ -2,7 +2,8 @@
 one result per line. Started and restarted by :class:`transforms.run.Worker`; see :mod:`transforms.run`
 for the contract (validation, and timing by CUDA-graph replay over buffer copies that exceed the L2 cache).
 Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a problem sent as a spec is built with
-``transforms.problem``, which also needs ``embed`` (pydantic; on the GPU ``cupyx.scipy.special``).
+``transforms.problem``, which also needs ``embed`` (pydantic; on the GPU ``cupyx.scipy.special``). What the worker is
+told to load (:data:`LOADS`, as arguments or a ``load`` message) it imports before anything else.
 """
 
 import contextlib
