@@ -443,11 +443,9 @@ class Worker:
     def warm(self, load: Sequence[str] = ()) -> None:
         """Start the worker process now without waiting for it: its imports, and the modules named in ``load``
         (``transforms.worker.LOADS``), overlap the caller's own work until the first trial, which waits for it to be
-        ready. A worker already started is told to import what ``load`` names."""
+        ready. A worker already started keeps what it has (it imports the rest when a trial needs it)."""
         if self._proc is None:
             self._spawn(load)
-        elif self._ready and load:
-            self._send({"load": list(load)})
 
     def _spawn(self, load: Sequence[str] = ()) -> None:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed in close())

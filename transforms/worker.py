@@ -3,7 +3,7 @@ one result per line. Started and restarted by :class:`transforms.run.Worker`; se
 for the contract (validation, and timing by CUDA-graph replay over buffer copies that exceed the L2 cache).
 Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a problem sent as a spec is built with
 ``transforms.problem``, which also needs ``embed`` (pydantic; on the GPU ``cupyx.scipy.special``). What the worker is
-told to load (:data:`LOADS`, as arguments or a ``load`` message) it imports before anything else.
+started with (:data:`LOADS`, as arguments) it imports before anything else.
 """
 
 import contextlib
@@ -525,7 +525,7 @@ def main() -> None:
 
 def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
     """Answer each message of ``lines``; while none waits, build the prepared problems, then warm the libraries the
-    last ``prepare`` named (each once). A ``load`` message imports modules (``LOADS``) at once."""
+    last ``prepare`` named (each once)."""
     problems = Problems()
     warming: list[str] = []
     warmed: set[str] = set()
@@ -536,10 +536,6 @@ def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
                 problems.build_next()
             elif warming:
                 _warm(warming.pop(0))
-            continue
-        if "load" in message:
-            _load(message["load"])
-            reply({"ahead": problems.ahead})
             continue
         if "prepare" in message:
             problems.prepare(message["prepare"], message["backend"])

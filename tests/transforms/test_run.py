@@ -100,7 +100,7 @@ def test_a_worker_told_what_to_import_runs_its_trials(built, problem):
     with Worker() as w:
         w.warm(load=("problems",))  # imported as the process starts
         assert run([trial(built, problem, "correct")], worker=w, warmup=1, repeats=3)[0].ok
-        w.warm(load=("problems",))  # a started worker is told to import: its acknowledgement is read in turn
+        w.warm(load=("problems",))  # a started worker keeps its process
         assert run([trial(built, problem, "correct")], worker=w, warmup=1, repeats=3)[0].ok and w.starts == 1
 
 

@@ -191,11 +191,10 @@ def test_the_worker_builds_prepared_problems_then_warms_each_library_once_and_se
                       {"ahead": 0}, {"ahead": 0}]  # settled before p2 was built
 
 
-def test_a_load_message_imports_at_once_what_it_names(monkeypatch):
+def test_a_worker_imports_the_modules_it_is_started_with(monkeypatch):
     events = []
     monkeypatch.setattr(worker, "LOADS", {"lib": "some.module"})
     monkeypatch.setattr(worker, "importlib",
                         SimpleNamespace(import_module=lambda name: events.append(f"import {name}")))
-    worker.serve(ScriptedLines([{"load": ["lib", "unknown"]}, {"load": []}], events),
-                 lambda data: events.append(data))
-    assert events == ["import some.module", {"ahead": 0}, {"ahead": 0}]  # an unknown name is no module
+    worker._load(["lib", "unknown"])
+    assert events == ["import some.module"]  # an unknown name is no module
