@@ -37,11 +37,31 @@ def _users(tensor: torch.Tensor) -> int:
 
 def cuda_capture(run: Run, inputs: Sequence[torch.Tensor], pool: object) -> tuple[Callable[[], None],
                                                                                    list[torch.Tensor]]:
-    """``run(inputs)`` captured as one CUDA graph in memory pool ``pool``: (replay, its output tensors)."""
+    """``run(inputs)`` captured as one CUDA graph in memory pool ``pool``: (replay, its output tensors).
+
+    Only this thread's calls can spoil the capture (``thread_local``, as inductor's CUDA graph trees capture), so a
+    worker thread of the caller's that allocates or synchronizes meanwhile does not. A capture that fails raises, and
+    leaves the caller's stream current and PyTorch's CUDA random generator usable (:func:`_after_failed_capture`)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = run(inputs)
+    caller = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            outputs = run(inputs)
+    except Exception:
+        _after_failed_capture(caller)
+        raise
     return graph.replay, outputs
+
+
+def _after_failed_capture(caller: torch.cuda.Stream) -> None:
+    """Undo what a failed ``torch.cuda.graph`` leaves behind: its capture stream current (its exit stops at the
+    error before restoring the caller's), and the default generator still counting offsets for the graph (random
+    draws made in the capture; the process's next draw outside a capture would raise "Offset increment outside graph
+    capture encountered unexpectedly"). A capture that ends closes that count."""
+    torch.cuda.set_stream(caller)
+    closing = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(closing):
+        torch.empty(1, device=caller.device).fill_(0.0)
 
 
 @dataclass

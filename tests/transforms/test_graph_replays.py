@@ -1,12 +1,14 @@
 """GraphReplays' bookkeeping on the cpu, with a stand-in for a CUDA graph that behaves like one: it reads the
-tensors it was captured on and writes into the outputs it was captured with, whatever the caller holds."""
+tensors it was captured on and writes into the outputs it was captured with, whatever the caller holds; and, on a GPU,
+what a failed capture leaves behind."""
 
 from collections.abc import Callable, Sequence
 
 import pytest
 import torch
 
-from transforms.graph_replays import GraphReplays
+from tests.gpu import needs_gpu
+from transforms.graph_replays import GraphReplays, cuda_capture
 
 
 def forward(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -94,3 +96,25 @@ def test_past_the_limit_calls_copy_and_stay_right(limit: int) -> None:
         for x, y in sets:
             torch.testing.assert_close(graphs([x, y])[0], expected(x, y))
     assert len(graphs.by_address) == limit and capture.captures == limit + 1
+
+
+def spoiled(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """A forward that draws random numbers, then synchronizes, which a capture forbids: its capture fails."""
+    noise = torch.rand(values[0].shape, device=values[0].device)
+    torch.cuda.synchronize()
+    return [values[0] + noise]
+
+
+@needs_gpu
+def test_after_a_failed_capture_random_draws_streams_and_captures_work() -> None:
+    caller = torch.cuda.current_stream()
+    x = torch.full((1024,), 2.0, device="cuda")
+    with pytest.raises(RuntimeError):
+        cuda_capture(spoiled, [x], torch.cuda.graph_pool_handle())
+    assert torch.cuda.current_stream() == caller  # not the failed capture's stream
+    draws = torch.rand(1 << 16, device="cuda")  # raised "Offset increment outside graph capture" before
+    assert draws.min().item() >= 0.0 and draws.max().item() < 1.0 and draws.std().item() > 0.25
+    replay, (out,) = cuda_capture(forward, [x, x], torch.cuda.graph_pool_handle())
+    x.fill_(3.0)
+    replay()
+    assert torch.equal(out, torch.full_like(x, 9.0))  # 3 * 2 + 3, computed by the graph on the new values
