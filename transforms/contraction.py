@@ -22,8 +22,20 @@ from dataclasses import dataclass, replace
 from itertools import product
 
 from embed.ir import DType
-from embed.loopnest import Access, Affine, BufferKind, Call, Combiner, Dim, Load, LoopNest, LoopProgram, walk
-from transforms.views import VIEWS, fold_views, keeps_order
+from embed.loopnest import (
+    Access,
+    Affine,
+    BufferKind,
+    Call,
+    Combiner,
+    Dim,
+    Load,
+    LoopNest,
+    LoopProgram,
+    walk,
+    without_splits,
+)
+from transforms.views import VIEWS, fold_views, keeps_order, merge_inner_dims
 
 PATHS = ("mma", "simt", "cublas", "cublaslt")
 BATCHED = "batched"  # the last argument of a vendor path that runs stacked batches as a batch
@@ -332,6 +344,13 @@ def match_contraction(program: LoopProgram) -> Contraction | None:
     if not program.nests:
         return None
     program = fold_views(program)
+    found = _matched(program)
+    if found is None and (merged := merge_inner_dims(program)) is not None:
+        found = _matched(merged)  # a 1x1 convolution: [n, o, h, w] as a batched GEMM over [n, o, h * w]
+    return found
+
+
+def _matched(program: LoopProgram) -> Contraction | None:
     mm = program.nests[0]
     st = mm.statement
     par = mm.parallel
@@ -368,18 +387,28 @@ def blas_contraction(program: LoopProgram) -> Contraction | None:
 
 
 def _operand(program: LoopProgram, access: Access, batch: list[str], outer: str, k: str) -> Operand | None:
-    if access.fill is not None or any(not _plain(e) for e in access.index):
+    strides = _strides(access, program, [*batch, outer, k])
+    if strides is None or any(s < 0 for s in strides):
+        return None
+    return Operand(access.tensor, program.buffers[access.tensor].dtype, tuple(strides[:-2]), strides[-2], strides[-1])
+
+
+def _strides(access: Access, program: LoopProgram, dims: Sequence[str]) -> list[int] | None:
+    """The element stride of ``access`` along each of ``dims`` where its row-major offset is ``sum(stride * dim)``
+    over them alone once the digits a reshape or a merged dim splits an index into cancel (``W * (q // W) + q % W``
+    is ``q``: ``embed.loopnest.without_splits``); else None (a constant offset, an indirect read, another dim, a
+    digit that stays)."""
+    if access.fill is not None:
         return None
     shape = program.buffers[access.tensor].shape
-    strides = [access.stride(d, shape) for d in (*batch, outer, k)]
-    if any(s is None or s < 0 or s != int(s) for s in strides) or sum(e.const for e in access.index):
+    offset = Affine()
+    for e, stride in zip(access.index, [math.prod(shape[a + 1:]) for a in range(len(shape))], strict=True):
+        offset = offset + e * stride
+    offset = without_splits(offset)
+    coefs = {atom: coef for atom, coef in offset.terms}
+    if offset.const or not set(coefs) <= set(dims):
         return None
-    ints = [int(s) for s in strides]  # type: ignore[arg-type]
-    return Operand(access.tensor, program.buffers[access.tensor].dtype, tuple(ints[:-2]), ints[-2], ints[-1])
-
-
-def _plain(expr: Affine) -> bool:
-    return all(isinstance(atom, str) for atom, _ in expr.terms)
+    return [coefs.get(d, 0) for d in dims]
 
 
 def _row_major(dims: Sequence[Dim]) -> tuple[tuple[int, int], ...]:
@@ -392,14 +421,10 @@ def _row_major(dims: Sequence[Dim]) -> tuple[tuple[int, int], ...]:
 
 
 def _flat(access: Access, program: LoopProgram, dims: list[str]) -> tuple[tuple[int, int], ...] | None:
-    """The element offset of ``access`` as (dim position, stride) pairs, or None when it is not plain affine."""
-    if access.fill is not None or any(not _plain(e) or e.const for e in access.index):
-        return None
-    shape = program.buffers[access.tensor].shape
-    strides = [access.stride(d, shape) for d in dims]
-    if any(s is None for s in strides):
-        return None
-    return tuple((i, int(s)) for i, s in enumerate(strides) if s)  # type: ignore[arg-type]
+    """The element offset of ``access`` as (dim position, stride) pairs, or None when it is not affine in ``dims``
+    (:func:`_strides`)."""
+    strides = _strides(access, program, dims)
+    return None if strides is None else tuple((i, s) for i, s in enumerate(strides) if s)
 
 
 def row_major_store(program: LoopProgram, nest: LoopNest) -> bool:

@@ -16,6 +16,10 @@ Buffers are kept (a folded-away temporary stays declared, unused), so a kernel's
 kernel's input: transpose, reshape, slice, expand) is removed, and every later read of the copy reads the source
 through the copy's index map instead (``softmax(transpose(x))`` reads ``x[j, i]`` for element ``[i, j]``).
 ``fold_layout`` is both, the program a plan's kernel with folded layout steps runs (``transforms.plan``).
+
+``merge_inner_dims`` is a view of the loops rather than of a buffer: each nest's two innermost parallel dims become
+one whose digits index what they indexed, so a 1x1 convolution over ``[n, o, h, w]`` is a batched GEMM over
+``[n, o, h * w]`` (``transforms.contraction``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from embed.loopnest import (
     Affine,
     BufferKind,
     Dim,
+    DimKind,
     Expr,
     FloorDiv,
     Indirect,
@@ -158,6 +163,42 @@ def _substituted(expr: Affine, values: Mapping[str, Affine]) -> Affine:
         else:
             out = out + Affine.of(replace(atom, arg=_substituted(atom.arg, values)), coef)
     return out
+
+
+def merge_inner_dims(program: LoopProgram) -> LoopProgram | None:
+    """``program`` with the two innermost parallel dims ``h`` (outer) and ``w`` of each nest merged into one dim
+    ``q`` over ``h * w`` points, every index reading ``h`` as ``q // W`` and ``w`` as ``q % W``: the same points in the
+    same order, on the same buffers. The innermost dim keeps its name (``p0``); the outer parallel dims move down a
+    role. None when a nest has fewer than two parallel dims or a ragged dim."""
+    nests = []
+    for nest in program.nests:
+        par = nest.parallel
+        if len(par) < 2 or any(d.ragged for d in nest.dims):
+            return None
+        outer, inner = par[-2], par[-1]
+        q = Dim(inner.name, outer.extent * inner.extent, DimKind.PARALLEL)
+        extents = {q.name: q.extent}
+        values = {d.name: Affine.of(d.name) for d in nest.dims} | {
+            outer.name: floordiv(Affine.of(q.name), inner.extent, extents),
+            inner.name: mod(Affine.of(q.name), inner.extent, extents)}
+        kept = [*par[:-2], q]
+        roles = {d.name: f"p{len(kept) - 1 - i}" for i, d in enumerate(kept)}
+        dims = [replace(d, name=roles[d.name]) for d in kept] + list(nest.reduction)
+        statement = _substituted_statement(nest.statement, values).rename(roles)
+        nests.append(LoopNest(nest.op, tuple(dims), statement))
+    return replace(program, nests=tuple(nests))
+
+
+def _substituted_statement(st: Statement, values: Mapping[str, Affine]) -> Statement:
+    """``st`` with every index (stores, loads, indirect reads) through :func:`_substituted`."""
+    def access(a: Access) -> Access:
+        return replace(a, index=tuple(_substituted(i, values) for i in a.index))
+
+    def leaf(e: Expr) -> Expr:
+        return Load(access(e.access)) if isinstance(e, Load) else e
+
+    epilogue = None if st.epilogue is None else map_leaves(st.epilogue, leaf)
+    return replace(st, write=access(st.write), body=map_leaves(st.body, leaf), epilogue=epilogue)
 
 
 def fold_views(program: LoopProgram) -> LoopProgram:
