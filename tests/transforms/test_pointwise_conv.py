@@ -31,13 +31,13 @@ F32 = "float32"
 N, C, H, W, OUT = 2, 12, 5, 7, 4
 
 
-def pointwise_conv(*, stride: int = 1, padding: int = 0, kernel: int = 1) -> Graph:
+def pointwise_conv(*, stride: tuple[int, int] = (1, 1), padding: int = 0, kernel: int = 1) -> Graph:
     """conv2d [N, C, H, W] -> [N, OUT, ..] -> batch-norm -> + residual -> relu: a MobileNet projection's shape."""
     g = GraphBuilder("pointwise")
     x = g.input("x", (N, C, H, W), F32)
-    oh, ow = ((n + 2 * padding - kernel) // stride + 1 for n in (H, W))
+    oh, ow = ((n + 2 * padding - kernel) // s + 1 for n, s in zip((H, W), stride, strict=True))
     shape = (N, OUT, oh, ow)
-    y = g.node("conv2d", [x, g.param("w", (OUT, C, kernel, kernel), F32)], shape, F32, stride=[stride] * 2,
+    y = g.node("conv2d", [x, g.param("w", (OUT, C, kernel, kernel), F32)], shape, F32, stride=list(stride),
                padding=[padding] * 2, dilation=[1, 1], groups=1)
     stats = [g.param(n, (OUT,), F32) for n in ("mean", "var", "gamma", "beta")]
     y = g.node("add", [g.node("batch_norm", [y, *stats], shape, F32, eps=1e-5), g.input("r", shape, F32)], shape, F32)
@@ -55,7 +55,8 @@ def test_a_1x1_convolution_is_a_batched_gemm_of_its_weights_and_pixels() -> None
     assert parse("gemm(cublaslt,0)") in space.vendor_ranked() and parse("conv(cudnn,benchmark)") in space.alternatives
 
 
-@pytest.mark.parametrize("conv", [{"stride": 2}, {"padding": 1}, {"kernel": 3, "padding": 1}])
+# a stride along h alone leaves rows of W pixels apart by 2 * W: unit-stride within, no single stride across
+@pytest.mark.parametrize("conv", [{"stride": (2, 2)}, {"stride": (2, 1)}, {"padding": 1}, {"kernel": 3, "padding": 1}])
 def test_strided_padded_or_wider_convolutions_are_no_gemm(conv: dict[str, int]) -> None:
     assert match_contraction(lower(pointwise_conv(**conv))) is None
 
