@@ -116,7 +116,9 @@ def test_cuda_gemms_run_a_mobilenet_expansion(tmp_path: Path) -> None:
     (subgraph,) = partition(g.build([g.node("relu", [y], (16, 192, 56, 56), F32, name="out")]))
     task = make_task(subgraph)
     space = RecipeSpace(task.program, "cuda")
-    recipes = [space.default, parse("gemm(cublaslt,0)"), parse("gemm(cublas)"), parse("conv(cudnn,benchmark)")]
+    assert space.generated_default is not None
+    recipes = [space.default, space.generated_default, parse("gemm(cublas)"), parse("conv(cudnn,benchmark)"),
+               parse("conv(cudnn,benchmark,tf32)")]
     with Worker() as w:
         results = evaluator(task, backend="cuda", cache_dir=tmp_path, worker=w, jobs=4, repeats=30)(recipes)
     print("\n" + ", ".join(f"{r}: {x.median_s * 1e6:.1f} us" if x.ok else f"{r}: {x.error_kind}"
