@@ -483,9 +483,7 @@ class TransferBench:
         return {k: min(scores[: k + len(given)]) for k in ks}
 
     def _libraries(self, space: RecipeSpace) -> list[Recipe]:
-        """The vendor libraries' implementations every method is given with ``library``: optimize's vendor
-        alternatives, not the generated GEMM it adds beside a vendor default (``service.transfer._libraries``), which
-        the recordings predate."""
+        """The vendor libraries' implementations every method is given with ``library`` (as optimize has them)."""
         return [r for r in space.alternatives if r != space.default] if self.config.library else []
 
 

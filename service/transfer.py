@@ -169,17 +169,6 @@ def _ranked(rank: Rank, pool: Sequence[Recipe]) -> list[Recipe]:
     return [candidates[i] for i in np.argsort(-scores, kind="stable")]
 
 
-def _libraries(space: RecipeSpace) -> dict[Recipe, str]:
-    """What a library-minded transfer times beside the default whatever the neighbours give: the space's vendor
-    alternatives (a library call in place of the generated kernel), and, where the default is a library call, the
-    generated kernel (``RecipeSpace.generated_default``): a 1x1 convolution's neighbours are convolutions, whose
-    recipes give a GEMM nothing of its own family."""
-    out = dict.fromkeys((r for r in space.alternatives if r != space.default), "library")
-    if space.generated_default is not None:
-        out[space.generated_default] = "generated"
-    return out
-
-
 def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session, index: VectorIndex, device_id: int,
                   measurer: Measurer, backend: str, k: int = 5, local_budget: int = 0, exclude: Collection[str] = (),
                   seed: int = 0, per_neighbour: int = 1, fill: bool = False, rank: Rank | None = None
@@ -199,11 +188,10 @@ def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: 
     ``fill``, the neighbours' variants over the knobs they were stored without, then vendor-ranked recipes, then
     random ones (with ``rank``: the best-ranked of ``pool``) make up the ``wanted`` candidates the neighbours did
     not give. With ``library``, the space's vendor alternatives (a library call in place of the generated kernel,
-    e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give (origin ``library``), and so is
-    the generated kernel where the default is a library call (origin ``generated``: :func:`_libraries`)."""
+    e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give (origin ``library``)."""
     space = RecipeSpace(task.program, backend)
     default = space.default
-    libraries = _libraries(space) if library else {}
+    libraries = [r for r in space.alternatives if r != default] if library else []
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default and r not in libraries]
     filled = (_fill(space, near, {default, *libraries, *given}, wanted - len(given), seed=seed, rank=rank, pool=pool)
               if fill else {})
@@ -211,7 +199,7 @@ def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: 
                       local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)
-    origins = {r: "neighbour" for r in given} | filled | libraries | {default: "default"}
+    origins = {r: "neighbour" for r in given} | filled | dict.fromkeys(libraries, "library") | {default: "default"}
     tried = tuple(Tried(str(r), m, origins.get(r, "local")) for r, m in searcher.history)
     winner: tuple[Recipe, RunResult] = searcher.best or (default, base)
     return TransferResult(tuple(near), tried, str(winner[0]), winner[1].score, base.score)

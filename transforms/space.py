@@ -58,16 +58,6 @@ class RecipeSpace:
         """:func:`default_recipe` of the program (computed once: ``legal`` needs it on every mutation)."""
         return _default(self.program, self.backend, self._applicable)
 
-    @functools.cached_property
-    def generated_default(self) -> Recipe | None:
-        """The default with each vendor-ranked step of it in its dimension's first other choice (the default of a
-        float32 contraction is cuBLASLt's GEMM, then an epilogue kernel; this is the generated GEMM with the epilogue
-        fused), or None when the default holds no vendor step."""
-        vendor = {s for name in self._applicable for s in lookup(name).vendor_ranked(self.program, self.backend)}
-        steps = [next((o for g in self.dims if s in g for o in g if o not in vendor), s) if s in vendor else s
-                 for s in self.default.steps]
-        return Recipe(tuple(steps)) if steps != list(self.default.steps) else None
-
     def size(self) -> int:
         return self._product.size() + len(self.alternatives)
 

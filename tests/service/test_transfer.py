@@ -156,32 +156,6 @@ def test_the_vendor_library_is_a_candidate_however_many_neighbours_there_are() -
     assert [origin for origin, _ in with_library].count("neighbour") == 3
 
 
-def test_a_1x1_convolution_times_the_generated_gemm_beside_its_vendor_default() -> None:
-    from tests.transforms.test_pointwise_conv import pointwise_conv
-
-    (subgraph,) = partition(pointwise_conv())
-    task = make_task(subgraph)
-    space = RecipeSpace(task.program, "cuda")
-    simt = "gemm(simt,64,64,16,4,1,8)"  # gemm_configs' generated default for float32
-    assert str(space.default) == "gemm(cublaslt,0)" and str(space.generated_default) == simt
-    near = [Neighbour(0, "n0", 0.5, "conv(cudnn,benchmark)", "conv(cudnn,benchmark)", ())]  # a convolution's
-
-    def tried(library: bool) -> list[tuple[str, str]]:
-        result = service.transfer.transfer_from(task, "q", near, measurer=synthetic_measurer(), backend="cuda",
-                                                wanted=1, library=library)
-        return [(t.origin, t.recipe) for t in result.tried]
-
-    assert ("generated", simt) in tried(True) and simt not in [r for _, r in tried(False)]
-    depthwise = make_task(subgraphs_of_conv_block()[1])
-    assert RecipeSpace(depthwise.program, "cuda").generated_default is None  # its default is generated already
-
-
-def subgraphs_of_conv_block() -> list[Subgraph]:
-    from tests.transforms.test_vendor import conv_block, subgraphs
-
-    return subgraphs(conv_block(), "conv2d")
-
-
 def _features(subgraph: Subgraph):  # noqa: ANN202
     from embed.encoders import FeatureSet
 
