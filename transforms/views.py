@@ -35,7 +35,6 @@ from embed.loopnest import (
     Affine,
     BufferKind,
     Dim,
-    DimKind,
     Expr,
     FloorDiv,
     Indirect,
@@ -59,10 +58,26 @@ def kernel_program(program: LoopProgram, kind: SubgraphKind | None, *, fold: boo
     with layout steps folded into it) its views and input copies folded (:func:`fold_layout`); for a row reduction
     its views folded (:func:`fold_views`): unfolded, a reshape after the reduction is a nest over the view's shape,
     and the kernel's rows would follow that nest's leading axis (4 blocks for a layer norm over 12544 rows of 128,
-    1.2 ms on an H200). Other kinds keep their program, and so the recipes their recordings hold."""
+    1.2 ms on an H200), and its two inner reduction dims merged where that makes it rows (:func:`_rows_merged`).
+    Other kinds keep their program, and so the recipes their recordings hold."""
     if fold:
-        return fold_layout(program)
-    return fold_views(program) if kind == SubgraphKind.REDUCTION else program
+        program = fold_layout(program)
+    elif kind == SubgraphKind.REDUCTION:
+        program = fold_views(program)
+    return _rows_merged(program) if kind == SubgraphKind.REDUCTION else program
+
+
+def _rows_merged(program: LoopProgram) -> LoopProgram:
+    """A reduction over two inner dims as one over a row of their product (:func:`merge_inner_dims` with
+    ``reductions``), where only that makes the program's groups rows the row kernels take: a global average pool
+    and its pointwise prologue (MobileNet's batch norm and relu6 before its squeeze-excite mean) then run as one pass
+    with the prologue's values in registers, not as a nest at a time through scratch."""
+    from transforms.codegen.cuda_rows import has_row_groups  # codegen plans on the programs made here
+
+    if has_row_groups(program):
+        return program
+    merged = merge_inner_dims(program, reductions=True)
+    return merged if merged is not None and has_row_groups(merged) else program
 
 
 def fold_layout(program: LoopProgram) -> LoopProgram:
@@ -165,25 +180,29 @@ def _substituted(expr: Affine, values: Mapping[str, Affine]) -> Affine:
     return out
 
 
-def merge_inner_dims(program: LoopProgram) -> LoopProgram | None:
+def merge_inner_dims(program: LoopProgram, *, reductions: bool = False) -> LoopProgram | None:
     """``program`` with the two innermost parallel dims ``h`` (outer) and ``w`` of each nest merged into one dim
     ``q`` over ``h * w`` points, every index reading ``h`` as ``q // W`` and ``w`` as ``q % W``: the same points in the
-    same order, on the same buffers. The innermost dim keeps its name (``p0``); the outer parallel dims move down a
-    role. None when a nest has fewer than two parallel dims or a ragged dim."""
+    same order, on the same buffers. The merged dim keeps the inner one's name; the outer dims of its kind move down
+    a role. With ``reductions``, a nest that reduces merges its two innermost reduction dims instead (a mean over
+    ``h`` and ``w`` is one over ``h * w``). None when a nest has fewer than two such dims or a ragged dim."""
     nests = []
     for nest in program.nests:
-        par = nest.parallel
-        if len(par) < 2 or any(d.ragged for d in nest.dims):
+        par, red = nest.parallel, nest.reduction
+        merging = red if reductions and red else par
+        if len(merging) < 2 or any(d.ragged for d in nest.dims):
             return None
-        outer, inner = par[-2], par[-1]
-        q = Dim(inner.name, outer.extent * inner.extent, DimKind.PARALLEL)
+        outer, inner = merging[-2], merging[-1]
+        q = replace(inner, extent=outer.extent * inner.extent)
         extents = {q.name: q.extent}
         values = {d.name: Affine.of(d.name) for d in nest.dims} | {
             outer.name: floordiv(Affine.of(q.name), inner.extent, extents),
             inner.name: mod(Affine.of(q.name), inner.extent, extents)}
-        kept = [*par[:-2], q]
-        roles = {d.name: f"p{len(kept) - 1 - i}" for i, d in enumerate(kept)}
-        dims = [replace(d, name=roles[d.name]) for d in kept] + list(nest.reduction)
+        kept = [*merging[:-2], q]
+        prefix = "r" if merging is red else "p"
+        roles = {d.name: f"{prefix}{len(kept) - 1 - i}" for i, d in enumerate(kept)}
+        dims = [replace(d, name=roles[d.name]) for d in kept]
+        dims = [*par, *dims] if merging is red else [*dims, *red]
         statement = _substituted_statement(nest.statement, values).rename(roles)
         nests.append(LoopNest(nest.op, tuple(dims), statement))
     return replace(program, nests=tuple(nests))

@@ -13,7 +13,8 @@ BACKENDS = ("cpu", "cuda")
 #: the old kernel then stops being a hit (it is measured again), while neighbours' recipes still transfer.
 #: 2: a row reduction's views are folded into its store (``transforms.views.kernel_program``).
 #: 3: a row kernel's lane owns at most one 16-byte word per chunk (``transforms.codegen.cuda_rows``).
-CODEGEN_VERSION = 3
+#: 4: a reduction over two inner dims is one over their product where that makes it rows (``kernel_program``).
+CODEGEN_VERSION = 4
 
 
 def generate(schedule: Schedule, backend: str = "cpu") -> Kernel:

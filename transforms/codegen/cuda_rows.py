@@ -50,6 +50,7 @@ from embed.loopnest import (
     LoopNest,
     LoopProgram,
     walk,
+    without_splits,
 )
 from transforms.codegen.expr import Env, Printer, combine, extents, literal
 from transforms.schedule import Group, Schedule, plan_groups
@@ -320,7 +321,7 @@ def vectorizable(access: Access, shape: tuple[int, ...], dtype: DType, dim: str,
     size = _VECTOR_DTYPES.get(dtype)
     if size is None or access.fill is not None or width * size < 4 or width < 2:
         return False
-    offset = linear(access, shape)
+    offset = without_splits(linear(access, shape))  # a merged row's digits cancel: ``W * (q // W) + q % W`` is q
     if offset.const % width:
         return False
     unit = False
