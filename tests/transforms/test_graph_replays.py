@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.gpu import needs_gpu
-from transforms.graph_replays import GraphReplays, cuda_capture
+from transforms.graph_replays import CAPTURE_TRIES, GraphReplays, cuda_capture
 
 
 def forward(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -16,12 +16,14 @@ def forward(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class StandIn:
-    def __init__(self) -> None:
-        self.captures = 0
+    def __init__(self, failures: int = 0) -> None:
+        self.captures, self.failures = 0, failures  # the first ``failures`` captures raise, as a spoiled capture does
 
     def __call__(self, run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]], inputs: Sequence[torch.Tensor],
                  pool: object) -> tuple[Callable[[], None], list[torch.Tensor]]:
         self.captures += 1
+        if self.captures <= self.failures:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
         outputs = [torch.full_like(t, float("nan")) for t in run(inputs)]  # a graph's buffers hold nothing yet
 
         def replay() -> None:
@@ -31,8 +33,8 @@ class StandIn:
         return replay, outputs
 
 
-def replays(limit: int = 4) -> tuple[GraphReplays, StandIn]:
-    capture = StandIn()
+def replays(limit: int = 4, failures: int = 0) -> tuple[GraphReplays, StandIn]:
+    capture = StandIn(failures)
     return GraphReplays(forward, torch.device("cpu"), warm_up=lambda _: None, capture=capture, limit=limit,
                         pool=lambda: None), capture
 
@@ -96,6 +98,22 @@ def test_past_the_limit_calls_copy_and_stay_right(limit: int) -> None:
         for x, y in sets:
             torch.testing.assert_close(graphs([x, y])[0], expected(x, y))
     assert len(graphs.by_address) == limit and capture.captures == limit + 1
+
+
+def test_a_capture_spoiled_twice_is_tried_again_and_replays() -> None:
+    graphs, capture = replays(failures=CAPTURE_TRIES - 1)
+    x, y = torch.randn(4, 2), torch.randn(4, 2)
+    torch.testing.assert_close(graphs([x, y])[0], expected(x, y))
+    x.copy_(torch.randn(4, 2))
+    torch.testing.assert_close(graphs([x, y])[0], expected(x, y))  # the graph replays on the new values
+    assert capture.captures == CAPTURE_TRIES and len(graphs.by_address) == 1
+
+
+def test_a_capture_that_always_fails_raises_after_its_tries() -> None:
+    graphs, capture = replays(failures=CAPTURE_TRIES)
+    with pytest.raises(RuntimeError, match="during capture"):
+        graphs([torch.randn(4, 2), torch.randn(4, 2)])
+    assert capture.captures == CAPTURE_TRIES
 
 
 def spoiled(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
