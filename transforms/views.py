@@ -185,12 +185,13 @@ def merge_inner_dims(program: LoopProgram, *, reductions: bool = False) -> LoopP
     ``q`` over ``h * w`` points, every index reading ``h`` as ``q // W`` and ``w`` as ``q % W``: the same points in the
     same order, on the same buffers. The merged dim keeps the inner one's name; the outer dims of its kind move down
     a role. With ``reductions``, a nest that reduces merges its two innermost reduction dims instead (a mean over
-    ``h`` and ``w`` is one over ``h * w``). None when a nest has fewer than two such dims or a ragged dim."""
+    ``h`` and ``w`` is one over ``h * w``). None when a nest has fewer than two such dims, an empty one to merge, or a
+    ragged dim."""
     nests = []
     for nest in program.nests:
         par, red = nest.parallel, nest.reduction
         merging = red if reductions and red else par
-        if len(merging) < 2 or any(d.ragged for d in nest.dims):
+        if len(merging) < 2 or any(d.ragged for d in nest.dims) or min(d.extent for d in merging[-2:]) < 1:
             return None
         outer, inner = merging[-2], merging[-1]
         q = replace(inner, extent=outer.extent * inner.extent)
