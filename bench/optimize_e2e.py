@@ -303,7 +303,10 @@ def _tunebank(module: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
                    "stages_s": report.get("stages_s"), "sources": _sources(report),
                    "built_ahead": report.get("built_ahead"), "step_impls": [step.impl for step in fast.plan.steps],
                    "attention_trials": report.get("attentions"), "subgraphs": _subgraph_rows(report)}
-        return measure(fast, module, inputs, compile_s=optimize_s, first_output=out, **summary)
+        result = measure(fast, module, inputs, compile_s=optimize_s, first_output=out, **summary)
+        # a plan that wanted a CUDA graph but runs without one: a capture failed (PlanModule._replay)
+        result["graph_lost"] = fast.device.type == "cuda" and fast.plan.cuda_graph and not fast.use_cuda_graph
+        return result
 
 
 def _subgraph_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -559,6 +562,9 @@ def report(data: dict[str, Any], *, origin: Callable[[str], str] | None = None,
     lines += _tunebank_by_ms(results, cols)
     if fastest_of:
         lines += _tunebank_by_fastest(results, cols, [data, *fastest_of])
+    lost = [f"{m} / {c}" for m, es in results.items() for c, e in es.items() if e.get("graph_lost")]
+    if lost:
+        lines += ["", f"Ran without their plan's CUDA graph (a capture failed): {', '.join(lost)}"]
     problems = [f"{m} / {c}: {e.get('status')}: {e.get('error') or e.get('note', '')}"
                 for m, es in results.items() for c, e in es.items() if e.get("status") not in ("ok",)]
     problems += [f"{m} / {c}: not run" for m, es in results.items() for c in cols if c not in es]

@@ -259,7 +259,8 @@ class PlanModule(torch.nn.Module):
         try:
             return self.graphs(inputs)
         except Exception as e:  # an op that cannot be captured: run without the graph from now on
-            warnings.warn(f"tunebank: the plan runs without a CUDA graph ({type(e).__name__}: {e})", stacklevel=3)
+            warnings.warn(f"tunebank: the plan of {self.plan.graph.name!r} runs without a CUDA graph "
+                          f"({type(e).__name__}: {e})", stacklevel=3)  # named: Python shows a repeated text once
             self.use_cuda_graph, self.graphs = False, None
             torch.cuda.synchronize(self.device)
             return self.run(*inputs)

@@ -130,6 +130,16 @@ def test_report_table_speedups_and_missing() -> None:
     assert "by ms" not in text  # no tunebank column
 
 
+def test_report_names_the_plans_that_ran_without_their_cuda_graph() -> None:
+    ok = {"status": "ok", "ms": 1.0, "eager_ms": 2.0}
+    data = {"schema": e2e.SCHEMA, "runs": [],
+            "results": {"swin": {"tunebank": {**ok, "graph_lost": True}, "tunebank-warm": {**ok, "graph_lost": False}},
+                        "bert": {"tunebank": ok}}}
+    assert "without their plan's CUDA graph (a capture failed): swin / tunebank\n" in e2e.report(data)
+    del data["results"]["swin"]
+    assert "CUDA graph" not in e2e.report(data)
+
+
 def test_report_compares_tunebank_with_the_other_columns_by_absolute_time() -> None:
     def ok(ms: float, eager_ms: float) -> dict[str, Any]:
         return {"status": "ok", "ms": ms, "eager_ms": eager_ms}
