@@ -191,6 +191,22 @@ def test_the_worker_builds_prepared_problems_then_warms_each_library_once_and_se
                       {"ahead": 0}, {"ahead": 0}]  # settled before p2 was built
 
 
+AS_MAIN = """
+import atexit, runpy, sys
+atexit.register(lambda: sys.stderr.write(f"loaded {'transforms.problem' in sys.modules}"))
+sys.argv = ["transforms.worker", *sys.argv[1:]]
+runpy.run_module("transforms.worker", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("names", [["problems"], []])
+def test_a_worker_process_imports_what_its_arguments_name(names: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", AS_MAIN, *names], cwd=Path(__file__).resolve().parents[2],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and json.loads(done.stdout.splitlines()[0]) == {"ready": True}
+    assert done.stderr.endswith(f"loaded {bool(names)}")  # served until stdin closed, having imported it first
+
+
 def test_a_worker_imports_the_modules_it_is_started_with(monkeypatch):
     events = []
     monkeypatch.setattr(worker, "LOADS", {"lib": "some.module"})
