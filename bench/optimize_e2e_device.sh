@@ -12,6 +12,7 @@
 #   out/h100.db (on an H100): bench/db_from_recording.py bench/results/transfer_strong_h100.json out/h100.db
 #     --models <its 12 zoo models>, run in a checkout of 3d13e2c (c0fb686's batched twins are recipes the
 #     recording never measured either).
+# Pass $COMMIT (the commit under test) yourself: the device copy's git HEAD can be an older commit than its files.
 # Run with carry [".whl", "$DB"]. Calls with different $NAMEs can run side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES), and their checkpoints be combined with bench/optimize_e2e.py --merge.
 set -u
