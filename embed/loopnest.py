@@ -278,6 +278,13 @@ class Access:
     def rename(self, names: Mapping[str, str]) -> Access:
         return replace(self, index=tuple(e.rename(names) for e in self.index))
 
+    def offset(self, shape: Sequence[int]) -> Affine:
+        """The element offset in the row-major ``tensor`` of ``shape`` as one expression."""
+        total = Affine()
+        for e, s in zip(self.index, _row_major_strides(shape), strict=True):
+            total = total + e * s
+        return total
+
     def stride(self, dim: str, shape: Sequence[int]) -> float | None:
         """Elements stepped in the row-major ``tensor`` when ``dim`` grows by one; None if indirect."""
         total = 0.0

@@ -24,7 +24,6 @@ from itertools import product
 from embed.ir import DType
 from embed.loopnest import (
     Access,
-    Affine,
     BufferKind,
     Call,
     Combiner,
@@ -400,11 +399,7 @@ def _strides(access: Access, program: LoopProgram, dims: Sequence[str]) -> list[
     digit that stays)."""
     if access.fill is not None:
         return None
-    shape = program.buffers[access.tensor].shape
-    offset = Affine()
-    for e, stride in zip(access.index, [math.prod(shape[a + 1:]) for a in range(len(shape))], strict=True):
-        offset = offset + e * stride
-    offset = without_splits(offset)
+    offset = without_splits(access.offset(program.buffers[access.tensor].shape))
     coefs = {atom: coef for atom, coef in offset.terms}
     if offset.const or not set(coefs) <= set(dims):
         return None

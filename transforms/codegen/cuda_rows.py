@@ -306,22 +306,13 @@ def _local(g: Group, tensor: str) -> bool:
     return not any(a.tensor == tensor for i, n in enumerate(g.program.nests) if i not in inside for a in n.loads())
 
 
-def linear(access: Access, shape: tuple[int, ...]) -> Affine:
-    """The row-major element offset of ``access`` as one affine expression."""
-    total, stride = Affine(), 1
-    for e, size in reversed(list(zip(access.index, shape, strict=True))):
-        total = total + e * stride
-        stride *= size
-    return total
-
-
 def vectorizable(access: Access, shape: tuple[int, ...], dtype: DType, dim: str, width: int) -> bool:
     """Whether ``width`` consecutive values of ``dim`` (starting at a multiple of ``width``) are one aligned,
     contiguous run of ``access``'s tensor that 4-, 8- or 16-byte words can carry."""
     size = _VECTOR_DTYPES.get(dtype)
     if size is None or access.fill is not None or width * size < 4 or width < 2:
         return False
-    offset = without_splits(linear(access, shape))  # a merged row's digits cancel: ``W * (q // W) + q % W`` is q
+    offset = without_splits(access.offset(shape))  # a merged row's digits cancel: ``W * (q // W) + q % W`` is q
     if offset.const % width:
         return False
     unit = False
