@@ -420,3 +420,28 @@ def test_cuda_kernels_are_validated_against_a_problem_built_on_the_gpu(tmp_path,
     [tolerance] = task.problem.tolerances(made[0].launches).values()
     assert right.ok and right.max_rel_err < tolerance, right.error
     assert wrong.error_kind == "wrong", wrong
+
+
+ENVIRONMENT_PROBE = """#include <stdlib.h>
+#include <string.h>
+void cupy_env(float* accelerators_empty, float* pch, int n) {
+    const char* a = getenv("CUPY_ACCELERATORS");
+    const char* p = getenv("CUPY_NVRTC_USE_PCH");
+    accelerators_empty[0] = (a != NULL && a[0] == 0) ? 1.0f : 0.0f;
+    pch[0] = (p != NULL && strcmp(p, "1") == 0) ? 1.0f : 0.0f;
+}"""
+
+
+@pytest.mark.parametrize(("version", "pch"), [((12, 8), 1.0), ((13, 0), 1.0), ((12, 6), 0.0), (None, 0.0)])
+def test_the_worker_process_compiles_cupys_kernels_without_cub_and_with_precompiled_headers_where_nvrtc_has_them(
+        tmp_path, monkeypatch, version, pch):
+    monkeypatch.setenv("CUPY_ACCELERATORS", "cub")  # a user's own setting does not reach the worker
+    monkeypatch.delenv("CUPY_NVRTC_USE_PCH", raising=False)
+    monkeypatch.setattr(runner, "nvrtc_version", lambda: version)
+    [artifact] = build([Source(ENVIRONMENT_PROBE)], cache_dir=tmp_path)
+    launch = Launch("cupy_env", (Buffer("accelerators_empty", (1,), "float32", kind="output"),
+                                 Buffer("pch", (1,), "float32", kind="output"), Scalar("n", 1)))
+    problem = Problem({}, {"accelerators_empty": np.ones(1), "pch": np.full(1, pch)})
+    with Worker() as w:
+        [result] = run([Trial(artifact, launch, problem)], worker=w, warmup=0, repeats=3)
+    assert result.ok, result.error
