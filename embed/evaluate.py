@@ -9,8 +9,8 @@ batched ``matmul`` (BLAS), so a matmul never materialises its M x N x K grid. A 
 longest range and is masked to each row's own range. A large nest runs in chunks of its outermost parallel dim
 (disjoint rows), on threads with NumPy, one after the other on a GPU.
 
-The array module ``xp`` is NumPy (special functions from SciPy) or CuPy (from ``cupyx.scipy.special``): the same
-code evaluates on the host or on the GPU.
+The array module ``xp`` is NumPy (special functions from SciPy) or CuPy (CUDA's own, as element-wise kernels): the
+same code evaluates on the host or on the GPU.
 """
 
 import functools
@@ -55,10 +55,21 @@ _SQRT1_2 = math.sqrt(0.5)
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 
 
+def _special(xp: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(expit, erf)`` in array module ``xp``: SciPy's on the host; on the GPU CUDA's own ``erf`` and
+    ``1 / (1 + exp(-x))`` as CuPy element-wise kernels, what ``cupyx.scipy.special`` compiles too, without its
+    import (it imports SciPy's sparse matrices: 0.2-1 s of a worker's start on an H200 machine)."""
+    if xp is np:
+        special = importlib.import_module("scipy.special")
+        return special.expit, special.erf
+    return (xp.ElementwiseKernel("T x", "T y", "y = 1 / (1 + exp(-x))", "reference_expit"),
+            xp.ElementwiseKernel("T x", "T y", "y = erf(x)", "reference_erf"))
+
+
 @functools.cache
 def _operations(xp: Any) -> dict[str, Callable[..., Any]]:
     """The element-wise ops of ``Call`` nodes in array module ``xp`` (NumPy or CuPy)."""
-    special = importlib.import_module("scipy.special" if xp is np else "cupyx.scipy.special")
+    expit, erf = _special(xp)
     return {
         "neg": xp.negative,
         "exp": xp.exp,
@@ -66,15 +77,15 @@ def _operations(xp: Any) -> dict[str, Callable[..., Any]]:
         "sqrt": xp.sqrt,
         "rsqrt": lambda x: 1.0 / xp.sqrt(x),
         "relu": lambda x: xp.maximum(x, 0),
-        "sigmoid": special.expit,
+        "sigmoid": expit,
         "tanh": xp.tanh,
-        "silu": lambda x: x * special.expit(x),
+        "silu": lambda x: x * expit(x),
         "abs": xp.abs,
         "reciprocal": lambda x: 1.0 / x,
-        "erf": special.erf,
+        "erf": erf,
         "cos": xp.cos,
         "sin": xp.sin,
-        "gelu": lambda x: 0.5 * x * (1.0 + special.erf(x * _SQRT1_2)),
+        "gelu": lambda x: 0.5 * x * (1.0 + erf(x * _SQRT1_2)),
         "gelu_tanh": lambda x: 0.5 * x * (1.0 + xp.tanh(_SQRT_2_PI * (x + 0.044715 * x * x * x))),
         "add": xp.add,
         "sub": xp.subtract,

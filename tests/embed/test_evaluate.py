@@ -360,6 +360,19 @@ def test_zoo_subgraphs_evaluate_alike_with_cupy(family: str) -> None:
 
 
 @needs_gpu
+@pytest.mark.parametrize("op", UNARY)
+def test_each_element_wise_op_evaluates_alike_with_cupy(op: str) -> None:
+    import cupy
+
+    g = single(op, [("x", (7, 129), "float32")], (7, 129))
+    x = rand((7, 129), 1, positive=op in ("log", "sqrt", "rsqrt"))
+    x[0, :5] = [-40.0, 40.0, -800.0, 800.0, 0.0] if op in ("sigmoid", "silu", "erf", "gelu", "tanh") else x[0, :5]
+    want = evaluate(lower(g), {"x": x})["out"]
+    got = evaluate(lower(g), {"x": cupy.asarray(x)}, xp=cupy)["out"]
+    np.testing.assert_allclose(got.get(), want, rtol=1e-13, atol=1e-300)
+
+
+@needs_gpu
 @pytest.mark.parametrize("graph", CHUNKED)
 def test_chunked_evaluation_with_cupy_matches_numpy(graph, monkeypatch: pytest.MonkeyPatch) -> None:
     import cupy
