@@ -2,8 +2,8 @@
 one result per line. Started and restarted by :class:`transforms.run.Worker`; see :mod:`transforms.run`
 for the contract (validation, and timing by CUDA-graph replay over buffer copies that exceed the L2 cache).
 Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a problem sent as a spec is built with
-``transforms.problem``, which also needs ``embed`` (pydantic). What the worker is started with (:data:`LOADS`, as
-arguments) it imports on a thread while it serves.
+``transforms.problem``, which also needs ``embed`` (pydantic). What the worker is
+started with (:data:`LOADS`, as arguments) it imports before anything else.
 """
 
 import contextlib
@@ -12,7 +12,6 @@ import importlib
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -442,9 +441,9 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
 
 #: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
 WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
-#: What a worker can be told to import as it starts (``Worker.warm``), on a thread (:func:`_load`): host work only,
-#: which overlaps the caller's own and the first trials. ``problems``: what a problem sent as a spec is built with;
-#: ``torch``: what a library convolution's first trial would otherwise import (1.5 s).
+#: What a worker can be told to import before anything else (``Worker.warm``): host work only, which overlaps the
+#: caller's own until the first trial. ``problems``: what a problem sent as a spec is built with; ``torch``: what a
+#: library convolution's first trial would otherwise import (seconds).
 LOADS: dict[str, str] = {"problems": "transforms.problem", "torch": "torch"}
 
 
@@ -454,13 +453,9 @@ def _warm(name: str) -> None:
 
 
 def _load(names: Sequence[str]) -> None:
-    """Import the modules ``names`` name (:data:`LOADS`), on a thread of their own: trials are served meanwhile (a
-    trial that needs one waits for its import), so a convolution model's first trials, of generated kernels, do not
-    wait for torch (1.5 s). An import that fails fails again in the trial that needs it, which reports it."""
     for name in names:
         if name in LOADS:
-            with contextlib.suppress(Exception):
-                importlib.import_module(LOADS[name])
+            importlib.import_module(LOADS[name])
 
 
 #: Problems built ahead of their first trial that the worker holds at most (each keeps its arrays on the device).
@@ -524,10 +519,8 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    loading = threading.Thread(target=_load, args=(sys.argv[1:],))
-    loading.start()
+    _load(sys.argv[1:])
     serve(JsonLines(sys.stdin.fileno()), reply)
-    loading.join()  # an import cut short by the interpreter's shutdown fails noisily
 
 
 def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:

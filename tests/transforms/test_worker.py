@@ -204,7 +204,7 @@ def test_a_worker_process_imports_what_its_arguments_name(names: list[str]) -> N
     done = subprocess.run([sys.executable, "-c", AS_MAIN, *names], cwd=Path(__file__).resolve().parents[2],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and json.loads(done.stdout.splitlines()[0]) == {"ready": True}
-    assert done.stderr.endswith(f"loaded {bool(names)}")  # imported on a thread while it served, before it exited
+    assert done.stderr.endswith(f"loaded {bool(names)}")  # served until stdin closed, having imported it first
 
 
 def test_a_worker_imports_the_modules_it_is_started_with(monkeypatch):
