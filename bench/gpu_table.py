@@ -54,12 +54,13 @@ from bench.gpu_table_report import markdown
 from bench.gpu_transforms import Case, cases, copy_bandwidth, matmul_rate
 from bench.spmm_graphs import SpmmCase, spmm_cases, spmm_task
 from embed.ir import Graph
+from transforms.problem import quantized_inputs
 from transforms.recipe import parse
 from transforms.run import Worker
 from transforms.search import create
 from transforms.search.strategy import Evaluate, search
 from transforms.space import RecipeSpace, default_recipe
-from transforms.tune import Task, evaluator, make_task, quantized_inputs
+from transforms.tune import Task, evaluator, make_task
 
 SPMM = "gcn-spmm"
 

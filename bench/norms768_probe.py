@@ -21,10 +21,11 @@ from pathlib import Path
 import transforms.tune
 from bench.gpu_transforms import Case, add_layernorm, layernorm, rmsnorm, softmax
 from transforms.codegen.kernel import Kernel
+from transforms.problem import quantized_inputs
 from transforms.recipe import parse
 from transforms.run import Worker
 from transforms.space import default_recipe
-from transforms.tune import evaluator, make_task, quantized_inputs
+from transforms.tune import evaluator, make_task
 
 COPY_BYTES_PER_S = 4.22e12
 original_kernels = transforms.tune.kernels

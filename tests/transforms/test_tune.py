@@ -92,3 +92,31 @@ def test_on_cpu_every_candidate_compiles_before_any_is_timed(tmp_path: Path, mon
 
 def test_on_cuda_the_first_candidate_runs_while_the_others_compile(tmp_path: Path, monkeypatch) -> None:
     assert _candidates_and_trials_seen(tmp_path, monkeypatch, "cuda")[0] < 3
+
+
+def test_eager_is_timed_on_the_values_a_candidate_is_checked_on(monkeypatch):
+    import numpy as np
+    import torch
+
+    from embed.eager import TORCH_DTYPES
+    from transforms.problem import quantized_inputs
+
+    b = GraphBuilder("mixed")
+    x = b.input("x", (64, 48), "bfloat16")
+    w = b.param("w", (48, 32), "float16")
+    y = b.input("y", (64, 32), "float32")
+    prod = b.node("matmul", [b.node("cast", [x], (64, 48), "float32", dtype="float32"),
+                             b.node("cast", [w], (48, 32), "float32", dtype="float32")], (64, 32), "float32")
+    task = make_task(b.build([b.node("add", [prod, y], (64, 32), "float32", name="out")]))
+    seen = {}
+
+    def run_eager(graph, tensors):
+        seen.update(tensors)
+
+    monkeypatch.setattr("embed.eager.run_eager", run_eager)
+    tune_module.eager_seconds(task, repeats=1, backend="cpu")
+    want = quantized_inputs(task.graph, task.program)  # float64 values rounded to each input's dtype
+    assert set(seen) == set(want)
+    for name, values in want.items():
+        assert seen[name].dtype == TORCH_DTYPES[task.graph.tensors[name].dtype]
+        np.testing.assert_array_equal(seen[name].to(torch.float64).numpy(), values)
