@@ -53,7 +53,6 @@ from typing import IO, Any, Literal
 
 import numpy as np
 
-from transforms.compilers.cuda import nvrtc_version
 from transforms.results import BuildResult, RunResult
 
 #: Relative-error tolerance by output dtype (integers must match exactly). fp32 accumulates rounding over
@@ -75,8 +74,6 @@ KEPT_PROBLEMS = 4  # saved problems a Worker keeps (see Worker.problem_file)
 #: again.
 SLOWER_FACTOR = 4.0
 SLOWER_FLOOR_S = 1e-3
-#: NVRTC's precompiled headers (``CUPY_NVRTC_USE_PCH``) from this version on.
-PCH_NVRTC = (12, 8)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -511,14 +508,11 @@ class Worker:
 def worker_environment() -> dict[str, str]:
     """The worker process's environment: this one's, with CuPy set to compile its own kernels (the reference
     evaluator's, compiled at first use and cached on disk for the machine) faster. Reductions run without CUB
-    (``CUPY_ACCELERATORS`` empty), whose headers made one NVRTC compile of a reduction take 2.7 s, and where NVRTC has
-    them (12.8 on) its compiles share precompiled headers (``CUPY_NVRTC_USE_PCH``): on an H200 a fresh machine built
-    tabular_mlp's 8 problems in 3.2 s with both, against 11.4 s (``bench/README.md``)."""
-    env = dict(os.environ, CUPY_ACCELERATORS="")
-    version = nvrtc_version()
-    if version is not None and version >= PCH_NVRTC:
-        env["CUPY_NVRTC_USE_PCH"] = "1"
-    return env
+    (``CUPY_ACCELERATORS`` empty), whose headers made one NVRTC compile of a reduction take 2.7 s, and NVRTC's compiles
+    share precompiled headers (``CUPY_NVRTC_USE_PCH``; CuPy passes ``--pch`` only to an NVRTC that has them, 12.8 on):
+    on an H200 a fresh machine built tabular_mlp's 8 problems in 3.2 s with both, against 11.4 s
+    (``bench/README.md``)."""
+    return dict(os.environ, CUPY_ACCELERATORS="", CUPY_NVRTC_USE_PCH="1")
 
 
 def _reap(process: subprocess.Popen[bytes]) -> None:

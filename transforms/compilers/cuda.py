@@ -41,12 +41,6 @@ def toolchain_id(compiler: Literal["nvrtc", "nvcc"]) -> str | None:
     return None if version is None else version.splitlines()[-1]
 
 
-def nvrtc_version() -> tuple[int, int] | None:
-    """NVRTC's (major, minor) version through CuPy, or None when it does not load."""
-    nvrtc = _nvrtc()
-    return None if nvrtc is None else tuple(nvrtc.getVersion())
-
-
 def available(compiler: Compiler = "auto") -> bool:
     """Whether ``compile_cuda(..., compiler=compiler)`` has a compiler to use."""
     if compiler == "auto":
