@@ -3,7 +3,7 @@ one result per line. Started and restarted by :class:`transforms.run.Worker`; se
 for the contract (validation, and timing by CUDA-graph replay over buffer copies that exceed the L2 cache).
 Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a problem sent as a spec is built with
 ``transforms.problem``, which also needs ``embed`` (pydantic). What the worker is
-started with (:data:`LOADS`, as arguments) it imports before anything else.
+started with (:data:`LOADS`, as arguments) it imports on a thread while it serves.
 """
 
 import contextlib
@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -441,10 +442,14 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
 
 #: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
 WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
-#: What a worker can be told to import before anything else (``Worker.warm``): host work only, which overlaps the
-#: caller's own until the first trial. ``problems``: what a problem sent as a spec is built with; ``torch``: what a
-#: library convolution's first trial would otherwise import (seconds).
+#: What a worker can be told to import as it starts (``Worker.warm``), in order, on a thread (:func:`_load`): host
+#: work, which overlaps the caller's own and the trials that do not need it. ``problems``: what a problem sent as a
+#: spec is built with; ``torch``: what a library convolution's trials need (1.6-2.8 s on an H200 machine; optimize
+#: measures a model's convolutions last, so its other trials run meanwhile).
 LOADS: dict[str, str] = {"problems": "transforms.problem", "torch": "torch"}
+#: How long an idle worker waits for a message before it looks again whether its imports have ended (it warms the
+#: libraries only then: a warm-up that imported torch itself would hold the worker until the import ends).
+LOADING_POLL_S = 0.05
 
 
 def _warm(name: str) -> None:
@@ -453,9 +458,12 @@ def _warm(name: str) -> None:
 
 
 def _load(names: Sequence[str]) -> None:
+    """Import the modules ``names`` name (:data:`LOADS`). An import that fails fails again in the trial that needs
+    it, which reports it."""
     for name in names:
         if name in LOADS:
-            importlib.import_module(LOADS[name])
+            with contextlib.suppress(Exception):
+                importlib.import_module(LOADS[name])
 
 
 #: Problems built ahead of their first trial that the worker holds at most (each keeps its arrays on the device).
@@ -519,22 +527,26 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    _load(sys.argv[1:])
-    serve(JsonLines(sys.stdin.fileno()), reply)
+    loading = threading.Thread(target=_load, args=(sys.argv[1:],))  # a trial that needs a module waits for it
+    loading.start()
+    serve(JsonLines(sys.stdin.fileno()), reply, loaded=lambda: not loading.is_alive())
+    loading.join()  # an import cut short by the interpreter's shutdown fails noisily
 
 
-def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None]) -> None:
-    """Answer each message of ``lines``; while none waits, build the prepared problems, then warm the libraries the
-    last ``prepare`` named (each once)."""
+def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *,
+          loaded: Callable[[], bool] = lambda: True) -> None:
+    """Answer each message of ``lines``; while none waits, build the prepared problems, then, once ``loaded()``
+    (the worker's imports have ended), warm the libraries the last ``prepare`` named (each once)."""
     problems = Problems()
     warming: list[str] = []
     warmed: set[str] = set()
     while not lines.closed:
-        message = lines.next(0 if problems.pending() or warming else None)
+        warm_now = bool(warming) and loaded()
+        message = lines.next(0 if problems.pending() or warm_now else LOADING_POLL_S if warming else None)
         if message is None:
             if problems.pending():
                 problems.build_next()
-            elif warming:
+            elif warm_now:
                 _warm(warming.pop(0))
             continue
         if "prepare" in message:

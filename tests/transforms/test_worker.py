@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -214,3 +215,45 @@ def test_a_worker_imports_the_modules_it_is_started_with(monkeypatch):
                         SimpleNamespace(import_module=lambda name: events.append(f"import {name}")))
     worker._load(["lib", "unknown"])
     assert events == ["import some.module"]  # an unknown name is no module
+
+
+def test_the_worker_builds_while_its_imports_run_and_warms_libraries_only_after_them(monkeypatch):
+    events = []
+    monkeypatch.setattr(worker.LoadedProblem, "open",
+                        staticmethod(lambda source, xp: events.append(f"build {source}") or worker.LoadedProblem(
+                            source, {}, {})))
+    monkeypatch.setattr(worker, "WARM", {"lib": lambda: events.append("warm lib")})
+    polls = iter([False, False, False, True])  # the imports end at the fourth look
+    lines = ScriptedLines([{"prepare": ["p0"], "backend": "cpu", "warm": ["lib"]}, *[None] * 6], events)
+    worker.serve(lines, lambda data: events.append(data), loaded=lambda: events.append("loaded?") or next(polls, True))
+    assert events[:4] == [{"ahead": 0}, "loaded?", "build p0", "loaded?"]  # built while the imports ran
+    assert events.index("warm lib") == len(events) - 1 and events.count("loaded?") == 4  # only once they ended
+
+
+SLOW_IMPORT = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import transforms.worker as worker
+worker.LOADS["slow"] = "slow_module"
+sys.argv = ["transforms.worker", "slow"]
+started = time.perf_counter()
+worker.main()
+sys.stderr.write(json.dumps({"loaded": "slow_module" in sys.modules, "s": time.perf_counter() - started}))
+"""
+
+
+def test_a_worker_process_answers_while_it_imports_what_it_was_started_with(tmp_path: Path) -> None:
+    (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(3)\n")
+    worker_process = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT, str(tmp_path)],
+                                      cwd=Path(__file__).resolve().parents[2], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert json.loads(worker_process.stdout.readline()) == {"ready": True}
+    started = time.perf_counter()
+    worker_process.stdin.write(json.dumps({"prepare": [], "backend": "cpu"}) + "\n")
+    worker_process.stdin.flush()
+    assert json.loads(worker_process.stdout.readline()) == {"ahead": 0}
+    answered_s = time.perf_counter() - started
+    worker_process.stdin.close()
+    assert worker_process.wait(timeout=60) == 0
+    done = json.loads(worker_process.stderr.read().splitlines()[-1])
+    assert answered_s < 1.5 and done["loaded"] and done["s"] >= 3  # answered during the import, exited after it
