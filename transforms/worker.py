@@ -379,8 +379,11 @@ def cuda_functions(artifact: str, launches: Sequence[Launch]) -> list[Any]:
 _BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBackend, "cuda": CudaBackend}
 
 
-def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult, bool]:
-    """Run one trial: (result, whether the worker must exit after it)."""
+def execute(message: dict[str, Any], problem: LoadedProblem, *, quiet: bool = True) -> tuple[RunResult, bool]:
+    """Run one trial: (result, whether the worker must exit after it). Unless ``quiet`` (nothing else runs in the
+    process), a call's wall-clock time decides nothing: an import on the loading thread holds the interpreter for
+    milliseconds at a time (a 23 us kernel's first call took 5.3 ms), so no candidate is let out of the running by one
+    call and each is timed as a short call is (warmed, over buffer copies)."""
     try:
         launches = [Launch.from_json(data) for data in message["launches"]]
         backend = _BACKENDS[message["backend"]]()
@@ -412,7 +415,7 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
             worst = max(worst, error or 0.0)
     except Exception as e:  # any failure to load, bind, launch or fetch is this candidate's result
         return RunResult.failure("launch", f"{type(e).__name__}: {e}"), not backend.usable()
-    slower_than = message.get("slower_than_s")
+    slower_than = message.get("slower_than_s") if quiet else None
     if slower_than is not None and checked_s > slower_than + FIRST_CALL_ALLOWANCE_S and backend.first_call_is_steady \
             and not any(launch.library for launch in launches):
         # out of the running by the call that was checked (a library routine's first call may do work once:
@@ -424,7 +427,7 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
         call_s = time.perf_counter() - started
         if slower_than is not None and call_s > slower_than:  # out of the running: that one call is its time
             return RunResult(ok=True, median_s=call_s, min_s=call_s, repeats=1, max_rel_err=worst), False
-        times = np.array(backend.time(call, message["warmup"], message["repeats"], call_s))
+        times = np.array(backend.time(call, message["warmup"], message["repeats"], call_s if quiet else 0.0))
     except Exception as e:
         return RunResult.failure("launch", f"{type(e).__name__} while timing: {e}"), not backend.usable()
     q1, median, q3 = np.percentile(times, [25, 50, 75])
@@ -561,7 +564,7 @@ def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *,
             failure = RunResult.failure("launch", f"cannot load the problem: {type(e).__name__}: {e}")
             reply({**failure.to_json(), "fatal": False})
             continue
-        result, fatal = execute(message, problem)
+        result, fatal = execute(message, problem, quiet=loaded())
         reply({**result.to_json(), "fatal": fatal})
         if fatal:
             return
