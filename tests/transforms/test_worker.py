@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from transforms import worker
+from transforms.results import RunResult
 from transforms.run import Buffer, Launch, Scalar
 from transforms.worker import check, copies_past_l2, host_arrays
 
@@ -252,11 +253,14 @@ def test_the_worker_builds_while_its_imports_run_and_warms_libraries_only_after_
                         staticmethod(lambda source, xp: events.append(f"build {source}") or worker.LoadedProblem(
                             source, {}, {})))
     monkeypatch.setattr(worker, "WARM", {"lib": lambda: events.append("warm lib")})
-    polls = iter([False, False, False, True])  # the imports end at the fourth look
-    lines = ScriptedLines([{"prepare": ["p0"], "backend": "cpu", "warm": ["lib"]}, *[None] * 6], events)
+    monkeypatch.setattr(worker, "execute", lambda message, problem, quiet: (events.append(f"trial, quiet {quiet}") or (
+        RunResult(ok=True, median_s=1e-5), False)))
+    polls = iter([False, False, False, False, True])  # the imports end at the fifth look
+    trial = {"problem": "p0", "backend": "cpu"}
+    lines = ScriptedLines([{"prepare": ["p0"], "backend": "cpu", "warm": ["lib"]}, None, trial, *[None] * 6], events)
     worker.serve(lines, lambda data: events.append(data), loaded=lambda: events.append("loaded?") or next(polls, True))
-    assert events[:4] == [{"ahead": 0}, "loaded?", "build p0", "loaded?"]  # built while the imports ran
-    assert events.index("warm lib") == len(events) - 1 and events.count("loaded?") == 4  # only once they ended
+    assert events[:6] == [{"ahead": 0}, "loaded?", "build p0", "loaded?", "loaded?", "trial, quiet False"]
+    assert events.index("warm lib") == len(events) - 1 and events.count("loaded?") == 5  # only once they ended
 
 
 SLOW_IMPORT = """
