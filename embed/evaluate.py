@@ -17,7 +17,7 @@ import functools
 import importlib
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -114,6 +114,26 @@ def evaluate(program: LoopProgram, inputs: Mapping[str, Any], float_dtype: type[
     """Run ``program`` on ``inputs`` (name -> array of the buffer's shape) and return its outputs, floats
     computed in ``float_dtype`` (float64 or float32); inputs and outputs are arrays of ``xp`` (NumPy, or CuPy to
     evaluate on the GPU)."""
+    env = _environment(program, inputs, float_dtype, xp)
+    for nest in program.nests:
+        _run_nest(nest, env, xp)
+    return _outputs(program, env)
+
+
+def evaluate_steps(program: LoopProgram, inputs: Mapping[str, Any], float_dtype: type[np.floating] = np.float64,
+                   xp: Any = np) -> Generator[None, None, dict[str, Any]]:
+    """:func:`evaluate` a nest at a time: yields after each nest (on a GPU, its kernels queued) and returns the
+    outputs, so a caller can do other work between nests."""
+    env = _environment(program, inputs, float_dtype, xp)
+    for nest in program.nests:
+        _run_nest(nest, env, xp)
+        yield
+    return _outputs(program, env)
+
+
+def _environment(program: LoopProgram, inputs: Mapping[str, Any], float_dtype: type[np.floating],
+                 xp: Any) -> dict[str, Any]:
+    """Every buffer of ``program`` by name: the inputs checked and converted, constants, the rest unwritten."""
     env: dict[str, Any] = {}
     for buf in program.buffers.values():
         dtype = numpy_dtype(buf.dtype, float_dtype)
@@ -128,20 +148,26 @@ def evaluate(program: LoopProgram, inputs: Mapping[str, Any], float_dtype: type[
             env[buf.name] = xp.asarray(np.asarray(buf.value, dtype=np.float64).astype(dtype).reshape(buf.shape))
         else:
             env[buf.name] = xp.full(buf.shape, np.nan, dtype) if dtype is float_dtype else xp.zeros(buf.shape, dtype)
-    for nest in program.nests:
-        pad_cache: dict[tuple, Any] = {}
+    return env
 
-        def run(rows: range | None, nest: LoopNest = nest, pad_cache: dict[tuple, Any] = pad_cache) -> None:
-            with np.errstate(all="ignore"):  # per thread
-                _NestEval(nest, env, pad_cache, rows, xp).run()
 
-        chunks = _row_chunks(nest)
-        if len(chunks) == 1 or xp is not np:
-            for rows in chunks:  # one GPU runs the chunks' kernels in turn
-                run(rows)
-            continue
-        with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
-            list(pool.map(run, chunks))  # disjoint rows of the same buffers; NumPy releases the GIL in its loops
+def _run_nest(nest: LoopNest, env: dict[str, Any], xp: Any) -> None:
+    pad_cache: dict[tuple, Any] = {}
+
+    def run(rows: range | None) -> None:
+        with np.errstate(all="ignore"):  # per thread
+            _NestEval(nest, env, pad_cache, rows, xp).run()
+
+    chunks = _row_chunks(nest)
+    if len(chunks) == 1 or xp is not np:
+        for rows in chunks:  # one GPU runs the chunks' kernels in turn
+            run(rows)
+        return
+    with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
+        list(pool.map(run, chunks))  # disjoint rows of the same buffers; NumPy releases the GIL in its loops
+
+
+def _outputs(program: LoopProgram, env: Mapping[str, Any]) -> dict[str, Any]:
     return {
         name: env[name] if program.buffers[name].kind == BufferKind.OUTPUT else env[name].copy()
         for name in program.outputs

@@ -13,13 +13,13 @@ host's.
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 import numpy as np
 
 from embed.blocks import converted
-from embed.evaluate import evaluate
+from embed.evaluate import evaluate, evaluate_steps
 from embed.inputs import random_inputs
 from embed.ir import Graph, validated
 from embed.loopnest import Dim, Indirect, LoopNest, LoopProgram
@@ -27,7 +27,7 @@ from embed.lower import lower
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import run_dtype, signature
 from transforms.convolution import match_convolution
-from transforms.run import STORAGE, TOLERANCE, Problem, to_float, to_storage
+from transforms.run import STORAGE, TOLERANCE, Problem, finish, to_float, to_storage
 
 #: A float32 output may err this many times what the program evaluated plainly in float32 errs (another order of
 #: summation errs by about as much; a wrong kernel errs by orders of magnitude more).
@@ -81,11 +81,19 @@ def make_problem_lazily(graph: Graph, program: LoopProgram, *, seed: int = 0, xp
     ones, (float32 tolerance, TF32 tolerance) by output: what a plain float32 evaluation errs (and, for a convolution,
     one with TF32-rounded operands) costs another evaluation of the program, which only a candidate that fails the
     dtype's tolerance needs (the raised tolerances are never below it)."""
+    return finish(problem_steps(graph, program, seed=seed, xp=xp))
+
+
+def problem_steps(graph: Graph, program: LoopProgram, *, seed: int = 0, xp: Any = np) \
+        -> Generator[None, None, tuple[Problem, RaiseTolerances]]:
+    """:func:`make_problem_lazily` a step at a time: yields once the inputs are drawn, then after each nest of the
+    reference (``embed.evaluate.evaluate_steps``), so a worker building it ahead answers a message meanwhile."""
     sig = signature(program, compute_dtype(program))
     stored = stored_inputs(graph, program, seed=seed, xp=xp)
+    yield
     precision = reference_dtype(program)
     values = _values(program, stored, precision, xp)
-    reference = evaluate(program, values, precision, xp)
+    reference = yield from evaluate_steps(program, values, precision, xp)
     inputs = {sig.names[n]: stored[n] for n in program.inputs if n in sig.names}
     outputs = {sig.names[n]: reference[n] for n in program.outputs}
     tolerance = tolerances(program, sig.names, values)
@@ -154,10 +162,17 @@ def problem_from_spec(spec: Any, xp: Any = np) -> Problem:
 
 def problem_from_spec_lazily(spec: Any, xp: Any = np) -> tuple[Problem, RaiseTolerances]:
     """:func:`problem_from_spec` as :func:`make_problem_lazily` gives it: the raised tolerances when asked."""
+    return finish(problem_from_spec_steps(spec, xp))
+
+
+def problem_from_spec_steps(spec: Any, xp: Any = np) -> Generator[None, None, tuple[Problem, RaiseTolerances]]:
+    """:func:`problem_from_spec_lazily` a step at a time (:func:`problem_steps`, after the graph is lowered)."""
     if not isinstance(spec, Mapping) or set(spec) != {"graph", "seed"} or type(spec["seed"]) is not int:
         raise ValueError(f"a problem spec is {{'graph': <graph document>, 'seed': <int>}}, not {str(spec)[:200]}")
     graph = validated(Graph, spec["graph"], "graph of a problem spec")
-    return make_problem_lazily(graph, lower(graph), seed=spec["seed"], xp=xp)
+    program = lower(graph)
+    yield
+    return (yield from problem_steps(graph, program, seed=spec["seed"], xp=xp))
 
 
 def tolerances(program: LoopProgram, names: dict[str, str], inputs: Mapping[str, Any] | None = None) \

@@ -46,10 +46,10 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 import numpy as np
 
@@ -74,6 +74,7 @@ KEPT_PROBLEMS = 4  # saved problems a Worker keeps (see Worker.problem_file)
 #: again.
 SLOWER_FACTOR = 4.0
 SLOWER_FLOOR_S = 1e-3
+T = TypeVar("T")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -522,6 +523,15 @@ def _reap(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def finish(steps: Generator[None, None, T]) -> T:
+    """Run a computation made a step at a time (a generator that yields between steps) to its end: its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def fastest(results: Sequence[RunResult], known_s: float = math.inf) -> float:

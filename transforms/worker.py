@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from transforms.run import (
     Scalar,
     buffers_of,
     computes_in_tf32,
+    finish,
     poison,
     poisoned,
     to_float,
@@ -111,14 +112,21 @@ class LoadedProblem:
     def open(cls, source: str | dict[str, Any], xp: Any = np) -> "LoadedProblem":
         """The problem a trial message names: the path of a saved problem, or ``{"spec": ...}``, built with ``xp``
         (the backend's array module: CuPy builds it on the GPU)."""
+        return finish(cls.open_steps(source, xp))
+
+    @classmethod
+    def open_steps(cls, source: str | dict[str, Any], xp: Any = np) -> Generator[None, None, "LoadedProblem"]:
+        """:meth:`open` a step at a time: a spec's problem yields after its inputs are drawn and after each nest of
+        its reference (``transforms.problem.problem_steps``), so a worker building it ahead answers a message
+        meanwhile."""
         if isinstance(source, str):
             with np.load(source, allow_pickle=False) as data:
                 arrays = dict(data)
             return cls(source, {k[3:]: v for k, v in arrays.items() if k.startswith("in.")},
                        {k[4:]: v for k, v in arrays.items() if k.startswith("ref.")})
-        from transforms.problem import problem_from_spec_lazily  # embed and pydantic: only for problems sent as specs
+        from transforms.problem import problem_from_spec_steps  # embed and pydantic: only for problems sent as specs
 
-        built, raise_tolerances = problem_from_spec_lazily(source["spec"], xp)
+        built, raise_tolerances = yield from problem_from_spec_steps(source["spec"], xp)
         return cls(source, built.inputs, built.reference, built.tolerance, built.tf32, raise_tolerances)
 
     def cached(self, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
@@ -475,34 +483,44 @@ AHEAD = 4
 
 class Problems:
     """The problem trials run on now, and those a ``prepare`` message said come next (``Worker.prepare``): built in
-    order, at most :data:`AHEAD` at a time, while no message waits, so a trial finds its problem built. A problem that
-    fails to build ahead is built again when a trial asks for it, which then fails with the reason."""
+    order, at most :data:`AHEAD` at a time, a step at a time (``LoadedProblem.open_steps``) while no message waits,
+    so a trial finds its problem built and a message that arrives during a build waits for one step of it. A problem
+    that fails to build ahead is built again when a trial asks for it, which then fails with the reason."""
 
     def __init__(self) -> None:
         self.current: LoadedProblem | None = None
         self.coming: dict[str, tuple[str | dict[str, Any], str]] = {}  # key -> (source, backend), in order
         self.built: dict[str, LoadedProblem] = {}
+        self.building: tuple[str, Generator[None, None, LoadedProblem]] | None = None  # (key, its steps left)
         self.ahead = 0  # problems a trial found built ahead
 
     def prepare(self, sources: Sequence[str | dict[str, Any]], backend: str) -> None:
-        """Expect ``sources`` next (replacing what was expected); those already built stay."""
+        """Expect ``sources`` next (replacing what was expected); those already built, or being built, stay."""
         self.coming = {_key(s): (s, backend) for s in sources}
         self.built = {k: p for k, p in self.built.items() if k in self.coming}
+        if self.building is not None and self.building[0] not in self.coming:
+            self.building = None
 
     def pending(self) -> bool:
-        """Whether a problem is waiting to be built ahead."""
+        """Whether a problem is waiting to be built ahead, or to be built further."""
         return len(self.built) < AHEAD and any(k not in self.built for k in self.coming)
 
     def build_next(self) -> None:
-        key = next(k for k in self.coming if k not in self.built)
-        source, backend = self.coming[key]
+        """One step of building the next problem ahead."""
+        key = self.building[0] if self.building else next(k for k in self.coming if k not in self.built)
         try:
-            self.built[key] = LoadedProblem.open(source, _BACKENDS[backend]().xp)
+            if self.building is None:
+                source, backend = self.coming[key]
+                self.building = (key, LoadedProblem.open_steps(source, _BACKENDS[backend]().xp))
+            next(self.building[1])
+        except StopIteration as done:
+            self.building, self.built[key] = None, done.value
         except Exception:  # built again, and its failure reported, when a trial asks for it
+            self.building = None
             del self.coming[key]
 
     def get(self, source: str | dict[str, Any], backend: str) -> LoadedProblem:
-        """The problem a trial names: the current one, one built ahead, or built now."""
+        """The problem a trial names: the current one, one built ahead (or the rest of its build), or built now."""
         if self.current is None or source != self.current.source:
             self.current = None  # free the last problem's arrays (and device copies) first
             key = _key(source)
@@ -510,6 +528,9 @@ class Problems:
             self.current = self.built.pop(key, None)
             if self.current is not None:
                 self.ahead += 1
+            elif self.building is not None and self.building[0] == key:
+                steps, self.building = self.building[1], None
+                self.current = finish(steps)
             else:
                 self.current = LoadedProblem.open(source, _BACKENDS[backend]().xp)
         return self.current

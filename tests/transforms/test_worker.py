@@ -171,9 +171,10 @@ def test_problems_are_built_ahead_in_order_a_few_at_a_time_and_a_failed_one_is_l
         opened.append(source)
         if source == "bad":
             raise ValueError("no such problem")
+        yield
         return worker.LoadedProblem(source, {}, {})
 
-    monkeypatch.setattr(worker.LoadedProblem, "open", staticmethod(open_problem))
+    monkeypatch.setattr(worker.LoadedProblem, "open_steps", staticmethod(open_problem))
     problems = worker.Problems()
     sources = ["bad", *(f"p{i}" for i in range(worker.AHEAD + 1))]
     problems.prepare(sources, "cpu")
@@ -205,11 +206,44 @@ class ScriptedLines:
         return None
 
 
+def built_in_one_step(source, events):
+    events.append(f"build {source}")
+    return worker.LoadedProblem(source, {}, {})
+    yield  # a generator: LoadedProblem.open_steps
+
+
+def built_in_steps(source, events, steps=3):
+    for step in range(steps):
+        events.append(f"{source} step {step}")
+        yield
+    return worker.LoadedProblem(source, {}, {})
+
+
+def test_a_trial_that_arrives_while_a_problem_is_built_ahead_waits_for_one_step_of_it(monkeypatch):
+    events = []
+    monkeypatch.setattr(worker.LoadedProblem, "open_steps", staticmethod(lambda source, xp: built_in_steps(
+        source, events)))
+    monkeypatch.setattr(worker, "execute", lambda message, problem, quiet: (events.append(
+        f"trial on {problem.source}") or (RunResult(ok=True, median_s=1e-5), False)))
+    lines = ScriptedLines([{"prepare": ["p0", "p1"], "backend": "cpu"}, None, {"problem": "px", "backend": "cpu"},
+                           *[None] * 4, {"problem": "p1", "backend": "cpu"}, {"problem": "p0", "backend": "cpu"},
+                           *[None] * 4], events)
+    worker.serve(lines, lambda data: events.append(data))
+    trials = [e for e in events if isinstance(e, dict) and "ok" in e]
+    events = [e for e in events if not isinstance(e, dict)]
+    assert events == ["p0 step 0",  # a step of p0, then the trial that came meanwhile, on a problem built now
+                      "px step 0", "px step 1", "px step 2", "trial on px",
+                      "p0 step 1", "p0 step 2",  # p0 built further (its end, one step more, shows nothing)
+                      "p1 step 0",  # p1 begun
+                      "p1 step 1", "p1 step 2", "trial on p1",  # the rest of p1's build (not all of it), for its trial
+                      "trial on p0"]  # built ahead
+    assert len(trials) == 3 and all(t["ok"] for t in trials)
+
+
 def test_the_worker_builds_prepared_problems_then_warms_each_library_once_and_settling_stops_both(monkeypatch):
     events = []
-    monkeypatch.setattr(worker.LoadedProblem, "open",
-                        staticmethod(lambda source, xp: events.append(f"build {source}") or worker.LoadedProblem(
-                            source, {}, {})))
+    monkeypatch.setattr(worker.LoadedProblem, "open_steps", staticmethod(lambda source, xp: built_in_one_step(
+        source, events)))
     monkeypatch.setattr(worker, "WARM", {"lib": lambda: events.append("warm lib"),
                                          "broken": lambda: 1 / 0})
     prepare = {"prepare": ["p0", "p1"], "backend": "cpu", "warm": ["broken", "lib", "unknown"]}
@@ -249,9 +283,8 @@ def test_a_worker_imports_the_modules_it_is_started_with(monkeypatch):
 
 def test_the_worker_builds_while_its_imports_run_and_warms_libraries_only_after_them(monkeypatch):
     events = []
-    monkeypatch.setattr(worker.LoadedProblem, "open",
-                        staticmethod(lambda source, xp: events.append(f"build {source}") or worker.LoadedProblem(
-                            source, {}, {})))
+    monkeypatch.setattr(worker.LoadedProblem, "open_steps", staticmethod(lambda source, xp: built_in_one_step(
+        source, events)))
     monkeypatch.setattr(worker, "WARM", {"lib": lambda: events.append("warm lib")})
     monkeypatch.setattr(worker, "execute", lambda message, problem, quiet: (events.append(f"trial, quiet {quiet}") or (
         RunResult(ok=True, median_s=1e-5), False)))
