@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from embed import zoo
 from embed.builder import GraphBuilder
 from embed.eager import run_eager
-from embed.evaluate import EvaluationError, evaluate
+from embed.evaluate import EvaluationError, evaluate, evaluate_steps
 from embed.inputs import random_inputs
 from embed.ir import Graph
 from embed.loopnest import Access, Affine, Call, FloorDiv, Load, Mod
@@ -126,6 +126,22 @@ def test_layer_norm(params: int) -> None:
     data = {"x": rand((4, 3, 6), 15) * 2 + 1, "w": rand((3, 6), 16), "b": rand((3, 6), 17)}
     g = single("layer_norm", specs, (4, 3, 6), axes=[-2, -1], eps=1e-5)
     check(g, data, lambda x, *p: F.layer_norm(x, [3, 6], *p, eps=1e-5))
+
+
+def test_evaluated_a_nest_at_a_time_it_yields_after_each_nest_and_returns_the_outputs() -> None:
+    program = lower(single("layer_norm", [("x", (4, 3, 6), "float32")], (4, 3, 6), axes=[-2, -1], eps=1e-5))
+    x = rand((4, 3, 6), 15)
+    steps, yielded = evaluate_steps(program, {"x": x}), 0
+    while True:
+        try:
+            next(steps)
+            yielded += 1
+        except StopIteration as done:
+            outputs = done.value
+            break
+    assert len(program.nests) > 1 and yielded == len(program.nests)
+    want = F.layer_norm(torch.from_numpy(x), [3, 6], eps=1e-5).numpy()
+    np.testing.assert_allclose(outputs["out"], want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
