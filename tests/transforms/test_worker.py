@@ -108,33 +108,40 @@ def test_a_long_call_is_timed_without_warm_up():
     assert len(calls) == 3 + 8
 
 
-@pytest.mark.parametrize("quiet", [True, False])
-def test_a_calls_wall_clock_time_decides_nothing_while_an_import_runs_beside_it(monkeypatch, quiet):
-    clock, timed = [0.0], []
+STALLED, FAST = 0.01, 2e-5
+
+
+@pytest.mark.parametrize(("quiet", "calls", "median_s", "repeats", "called"), [
+    (True, [STALLED] * 5, STALLED, 1, 1),  # quiet: out of the running by the call that was checked
+    (False, [STALLED] * 5, STALLED, 1, 4),  # beside an import: only when the fastest of three more calls is slow too
+    (False, [STALLED, STALLED, STALLED, FAST, FAST], FAST, 3, 4),  # ... else timed in full, as a short call
+])
+def test_a_calls_wall_clock_time_decides_only_when_no_import_runs_beside_it(monkeypatch, quiet, calls, median_s,
+                                                                            repeats, called):
+    clock, timed, left = [0.0], [], list(calls)
     monkeypatch.setattr(worker, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     class StalledCalls(worker.CpuBackend):
-        """A kernel of 20 us whose every call takes 10 ms by the wall clock, as one the loading thread delays."""
+        """A kernel of 20 us whose calls take what ``calls`` says by the wall clock (10 ms: delayed by the loading
+        thread), then 20 us."""
 
         first_call_is_steady = True
 
         def bind(self, artifact, launches, arrays):
             out = np.ones(4, np.float32)
-            return lambda: clock.__setitem__(0, clock[0] + 0.01), lambda: {"out": out}
+            return lambda: clock.__setitem__(0, clock[0] + (left.pop(0) if left else FAST)), lambda: {"out": out}
 
         def time(self, call, warmup, repeats, call_s):
             timed.append(call_s)
-            return [2e-5] * repeats
+            return [FAST] * repeats
 
     monkeypatch.setitem(worker._BACKENDS, "stalled", StalledCalls)
     launch = Launch("k", (Buffer("out", (4,), "float32", "output"),))
     message = {"backend": "stalled", "artifact": "", "launches": [launch.to_json()], "tolerance": {"out": 1e-4},
                "warmup": 0, "repeats": 3, "slower_than_s": 1e-3}
     result, _ = worker.execute(message, worker.LoadedProblem("p", {}, {"out": np.ones(4)}), quiet=quiet)
-    if quiet:  # out of the running by the call that was checked
-        assert result.repeats == 1 and result.median_s == pytest.approx(0.01) and timed == []
-    else:  # timed in full, as a short call (warmed, over copies)
-        assert result.repeats == 3 and result.median_s == pytest.approx(2e-5) and timed == [0.0]
+    assert result.ok and result.repeats == repeats and result.median_s == pytest.approx(median_s)
+    assert len(calls) - len(left) == called and timed == ([] if repeats == 1 else [0.0])  # timed as a short call
 
 
 SCALE_KERNEL = "void k(const float* a, float* out) { for (int i = 0; i < 256; i++) out[i] = a[i] * %sf; }"
