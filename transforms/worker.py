@@ -57,7 +57,8 @@ LONG_CALL_S = 0.001
 #: (``bench/README.md``); a first call this much over ``slower_than_s`` is past it in any later call.
 FIRST_CALL_ALLOWANCE_S = 0.002
 #: While the worker's imports run (``execute``'s ``quiet``), a call that says a candidate is out of the running is
-#: confirmed by the fastest of this many more: an import holds the interpreter for milliseconds at a time.
+#: confirmed by the fastest of this many more, timed by the backend (``call_seconds``: CUDA events on cuda): an
+#: import holds the interpreter for milliseconds at a time.
 CONFIRMING_CALLS = 2
 
 
@@ -239,6 +240,7 @@ class CpuBackend:
             for function, args in calls:
                 function(*args)
 
+        self.call_seconds = lambda: _wall_clock_s(call)
         return call, lambda: arrays
 
     def time(self, call: Call, warmup: int, repeats: int, call_s: float) -> list[float]:
@@ -310,6 +312,19 @@ class CudaBackend:
         def call() -> None:
             launch_all(first)
             self.stream.synchronize()
+
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+
+        def call_seconds() -> float:
+            """One call's seconds on the GPU (CUDA events): a host that stalls lengthens it only between the first
+            event and the first launch, not while it waits for the GPU, as it does the call's wall-clock time."""
+            start.record(self.stream)
+            launch_all(first)
+            end.record(self.stream)
+            end.synchronize()
+            return cp.cuda.get_elapsed_time(start, end) * 1e-3
+
+        self.call_seconds = call_seconds
 
         def capture(copies: int) -> Any:
             sets = [first] + [{n: a.copy() for n, a in first.items()} for _ in range(copies - 1)]
@@ -393,9 +408,9 @@ _BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBacken
 def execute(message: dict[str, Any], problem: LoadedProblem, *, quiet: bool = True) -> tuple[RunResult, bool]:
     """Run one trial: (result, whether the worker must exit after it). Unless ``quiet`` (nothing else runs in the
     process), one call's wall-clock time decides nothing: an import on the loading thread holds the interpreter for
-    milliseconds at a time (a 23 us kernel's first call took 5.3 ms), so a candidate is let out of the running only
-    when the fastest of :data:`CONFIRMING_CALLS` more calls is slow too, and is timed as a short call is (warmed,
-    over buffer copies)."""
+    milliseconds at a time (a 23 us kernel's first call took 5.3 ms, a 61 us GEMM's fastest of three 7.8 ms), so a
+    candidate is let out of the running only when the fastest of :data:`CONFIRMING_CALLS` more calls, timed by the
+    backend (on cuda by CUDA events), is slow too, and is timed as a short call is (warmed, over buffer copies)."""
     try:
         launches = [Launch.from_json(data) for data in message["launches"]]
         backend = _BACKENDS[message["backend"]]()
@@ -436,7 +451,7 @@ def execute(message: dict[str, Any], problem: LoadedProblem, *, quiet: bool = Tr
     try:
         call_s = _wall_clock_s(call)  # a second call, past a library's first-call work, says how long one takes
         if not quiet and slower_than is not None and call_s > slower_than:
-            call_s = min(call_s, *(_wall_clock_s(call) for _ in range(CONFIRMING_CALLS)))
+            call_s = min(call_s, *(backend.call_seconds() for _ in range(CONFIRMING_CALLS)))
         if slower_than is not None and call_s > slower_than:  # out of the running: that one call is its time
             return RunResult(ok=True, median_s=call_s, min_s=call_s, repeats=1, max_rel_err=worst), False
         times = np.array(backend.time(call, message["warmup"], message["repeats"], call_s if quiet else 0.0))
