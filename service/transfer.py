@@ -188,15 +188,14 @@ def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: 
     ``fill``, the neighbours' variants over the knobs they were stored without, then vendor-ranked recipes, then
     random ones (with ``rank``: the best-ranked of ``pool``) make up the ``wanted`` candidates the neighbours did
     not give. With ``library``, the space's vendor alternatives (a library call in place of the generated kernel,
-    e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give (origin ``library``), tried last:
-    a cuda worker imports torch, which they need, while the others run (``transforms.worker.LOADS``)."""
+    e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give (origin ``library``)."""
     space = RecipeSpace(task.program, backend)
     default = space.default
     libraries = [r for r in space.alternatives if r != default] if library else []
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default and r not in libraries]
     filled = (_fill(space, near, {default, *libraries, *given}, wanted - len(given), seed=seed, rank=rank, pool=pool)
               if fill else {})
-    searcher = create("given_candidates", space, candidates=[default, *given, *filled, *libraries],
+    searcher = create("given_candidates", space, candidates=[default, *libraries, *given, *filled],
                       local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -56,10 +56,6 @@ LONG_CALL_S = 0.001
 #: up to 0.5 ms for kernels under 1 ms, and 0.97 ms over 278 kernels of conv and GEMM subgraphs on an H200
 #: (``bench/README.md``); a first call this much over ``slower_than_s`` is past it in any later call.
 FIRST_CALL_ALLOWANCE_S = 0.002
-#: While the worker's imports run (``execute``'s ``quiet``), a call that says a candidate is out of the running is
-#: confirmed by the fastest of this many more, timed by the backend (``call_seconds``: CUDA events on cuda): an
-#: import holds the interpreter for milliseconds at a time.
-CONFIRMING_CALLS = 2
 
 
 def host_arrays(launches: Sequence[Launch], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -240,7 +236,6 @@ class CpuBackend:
             for function, args in calls:
                 function(*args)
 
-        self.call_seconds = lambda: _wall_clock_s(call)
         return call, lambda: arrays
 
     def time(self, call: Call, warmup: int, repeats: int, call_s: float) -> list[float]:
@@ -312,19 +307,6 @@ class CudaBackend:
         def call() -> None:
             launch_all(first)
             self.stream.synchronize()
-
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-
-        def call_seconds() -> float:
-            """One call's seconds on the GPU (CUDA events): a host that stalls lengthens it only between the first
-            event and the first launch, not while it waits for the GPU, as it does the call's wall-clock time."""
-            start.record(self.stream)
-            launch_all(first)
-            end.record(self.stream)
-            end.synchronize()
-            return cp.cuda.get_elapsed_time(start, end) * 1e-3
-
-        self.call_seconds = call_seconds
 
         def capture(copies: int) -> Any:
             sets = [first] + [{n: a.copy() for n, a in first.items()} for _ in range(copies - 1)]
@@ -405,12 +387,8 @@ def cuda_functions(artifact: str, launches: Sequence[Launch]) -> list[Any]:
 _BACKENDS: dict[str, Callable[[], CpuBackend | CudaBackend]] = {"cpu": CpuBackend, "cuda": CudaBackend}
 
 
-def execute(message: dict[str, Any], problem: LoadedProblem, *, quiet: bool = True) -> tuple[RunResult, bool]:
-    """Run one trial: (result, whether the worker must exit after it). Unless ``quiet`` (nothing else runs in the
-    process), one call's wall-clock time decides nothing: an import on the loading thread holds the interpreter for
-    milliseconds at a time (a 23 us kernel's first call took 5.3 ms, a 61 us GEMM's fastest of three 7.8 ms), so a
-    candidate is let out of the running only when the fastest of :data:`CONFIRMING_CALLS` more calls, timed by the
-    backend (on cuda by CUDA events), is slow too, and is timed as a short call is (warmed, over buffer copies)."""
+def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult, bool]:
+    """Run one trial: (result, whether the worker must exit after it)."""
     try:
         launches = [Launch.from_json(data) for data in message["launches"]]
         backend = _BACKENDS[message["backend"]]()
@@ -443,29 +421,23 @@ def execute(message: dict[str, Any], problem: LoadedProblem, *, quiet: bool = Tr
     except Exception as e:  # any failure to load, bind, launch or fetch is this candidate's result
         return RunResult.failure("launch", f"{type(e).__name__}: {e}"), not backend.usable()
     slower_than = message.get("slower_than_s")
-    if quiet and slower_than is not None and checked_s > slower_than + FIRST_CALL_ALLOWANCE_S \
-            and backend.first_call_is_steady and not any(launch.library for launch in launches):
+    if slower_than is not None and checked_s > slower_than + FIRST_CALL_ALLOWANCE_S and backend.first_call_is_steady \
+            and not any(launch.library for launch in launches):
         # out of the running by the call that was checked (a library routine's first call may do work once:
         # cuDNN's benchmark search, a plan built)
         return RunResult(ok=True, median_s=checked_s, min_s=checked_s, repeats=1, max_rel_err=worst), False
     try:
-        call_s = _wall_clock_s(call)  # a second call, past a library's first-call work, says how long one takes
-        if not quiet and slower_than is not None and call_s > slower_than:
-            call_s = min(call_s, *(backend.call_seconds() for _ in range(CONFIRMING_CALLS)))
+        started = time.perf_counter()  # a second call, past a library's first-call work, says how long one takes
+        call()
+        call_s = time.perf_counter() - started
         if slower_than is not None and call_s > slower_than:  # out of the running: that one call is its time
             return RunResult(ok=True, median_s=call_s, min_s=call_s, repeats=1, max_rel_err=worst), False
-        times = np.array(backend.time(call, message["warmup"], message["repeats"], call_s if quiet else 0.0))
+        times = np.array(backend.time(call, message["warmup"], message["repeats"], call_s))
     except Exception as e:
         return RunResult.failure("launch", f"{type(e).__name__} while timing: {e}"), not backend.usable()
     q1, median, q3 = np.percentile(times, [25, 50, 75])
     return RunResult(ok=True, median_s=float(median), iqr_s=float(q3 - q1), min_s=float(times.min()),
                      repeats=len(times), max_rel_err=worst), False
-
-
-def _wall_clock_s(call: Call) -> float:
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
 
 
 def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: LoadedProblem, tf32: bool,
@@ -479,13 +451,22 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
 #: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
 WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
 #: What a worker can be told to import as it starts (``Worker.warm``), in order, on a thread (:func:`_load`): host
-#: work, which overlaps the caller's own and the trials that do not need it. ``problems``: what a problem sent as a
-#: spec is built with; ``torch``: what a library convolution's trials need (1.6-2.8 s on an H200 machine; optimize
-#: measures a model's convolutions last, so its other trials run meanwhile).
+#: work, which overlaps the caller's own and the problems the worker builds ahead. ``problems``: what a problem sent
+#: as a spec is built with; ``torch``: what a library convolution's trials need (1.5-2.8 s on an H200 machine). A
+#: trial waits for the imports to end: beside them its times are not its own (the import holds the interpreter
+#: between a CUDA event and a launch: a 55 us GEMM timed at 316 us, a 23 us kernel's first call at 5.3 ms).
 LOADS: dict[str, str] = {"problems": "transforms.problem", "torch": "torch"}
 #: How long an idle worker waits for a message before it looks again whether its imports have ended (it warms the
 #: libraries only then: a warm-up that imported torch itself would hold the worker until the import ends).
 LOADING_POLL_S = 0.05
+
+
+class Loading(Protocol):
+    """The imports under way (a ``threading.Thread``)."""
+
+    def is_alive(self) -> bool: ...
+
+    def join(self) -> None: ...
 
 
 def _warm(name: str) -> None:
@@ -576,21 +557,21 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    loading = threading.Thread(target=_load, args=(sys.argv[1:],))  # a trial that needs a module waits for it
+    loading = threading.Thread(target=_load, args=(sys.argv[1:],))
     loading.start()
-    serve(JsonLines(sys.stdin.fileno()), reply, loaded=lambda: not loading.is_alive())
+    serve(JsonLines(sys.stdin.fileno()), reply, loading=loading)
     loading.join()  # an import cut short by the interpreter's shutdown fails noisily
 
 
-def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *,
-          loaded: Callable[[], bool] = lambda: True) -> None:
-    """Answer each message of ``lines``; while none waits, build the prepared problems, then, once ``loaded()``
-    (the worker's imports have ended), warm the libraries the last ``prepare`` named (each once)."""
+def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *, loading: Loading | None = None) -> None:
+    """Answer each message of ``lines``; while none waits, build the prepared problems, then, once the imports
+    ``loading`` runs have ended, warm the libraries the last ``prepare`` named (each once). A trial waits for those
+    imports (:data:`LOADS`)."""
     problems = Problems()
     warming: list[str] = []
     warmed: set[str] = set()
     while not lines.closed:
-        warm_now = bool(warming) and loaded()
+        warm_now = bool(warming) and (loading is None or not loading.is_alive())
         message = lines.next(0 if problems.pending() or warm_now else LOADING_POLL_S if warming else None)
         if message is None:
             if problems.pending():
@@ -610,7 +591,9 @@ def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *,
             failure = RunResult.failure("launch", f"cannot load the problem: {type(e).__name__}: {e}")
             reply({**failure.to_json(), "fatal": False})
             continue
-        result, fatal = execute(message, problem, quiet=loaded())
+        if loading is not None:
+            loading.join()
+        result, fatal = execute(message, problem)
         reply({**result.to_json(), "fatal": fatal})
         if fatal:
             return

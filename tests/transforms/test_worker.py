@@ -108,48 +108,6 @@ def test_a_long_call_is_timed_without_warm_up():
     assert len(calls) == 3 + 8
 
 
-STALLED, FAST = 0.01, 2e-5
-
-
-@pytest.mark.parametrize(("quiet", "calls", "median_s", "repeats", "called"), [
-    (True, [STALLED] * 5, STALLED, 1, 1),  # quiet: out of the running by the call that was checked
-    (False, [STALLED] * 5, STALLED, 1, 4),  # beside an import: only when the fastest of three more calls is slow too
-    (False, [STALLED, STALLED, STALLED, FAST, FAST], FAST, 3, 4),  # ... else timed in full, as a short call
-])
-def test_a_calls_wall_clock_time_decides_only_when_no_import_runs_beside_it(monkeypatch, quiet, calls, median_s,
-                                                                            repeats, called):
-    clock, timed, left = [0.0], [], list(calls)
-    monkeypatch.setattr(worker, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-
-    class StalledCalls(worker.CpuBackend):
-        """A kernel of 20 us whose calls take what ``calls`` says by the wall clock (10 ms: delayed by the loading
-        thread), then 20 us."""
-
-        first_call_is_steady = True
-
-        def bind(self, artifact, launches, arrays):
-            def call_seconds():
-                seconds = left.pop(0) if left else FAST
-                clock[0] += seconds
-                return seconds
-
-            out = np.ones(4, np.float32)
-            self.call_seconds = call_seconds
-            return lambda: call_seconds() and None, lambda: {"out": out}
-
-        def time(self, call, warmup, repeats, call_s):
-            timed.append(call_s)
-            return [FAST] * repeats
-
-    monkeypatch.setitem(worker._BACKENDS, "stalled", StalledCalls)
-    launch = Launch("k", (Buffer("out", (4,), "float32", "output"),))
-    message = {"backend": "stalled", "artifact": "", "launches": [launch.to_json()], "tolerance": {"out": 1e-4},
-               "warmup": 0, "repeats": 3, "slower_than_s": 1e-3}
-    result, _ = worker.execute(message, worker.LoadedProblem("p", {}, {"out": np.ones(4)}), quiet=quiet)
-    assert result.ok and result.repeats == repeats and result.median_s == pytest.approx(median_s)
-    assert len(calls) - len(left) == called and timed == ([] if repeats == 1 else [0.0])  # timed as a short call
-
-
 SCALE_KERNEL = "void k(const float* a, float* out) { for (int i = 0; i < 256; i++) out[i] = a[i] * %sf; }"
 
 
@@ -236,7 +194,7 @@ def test_a_trial_that_arrives_while_a_problem_is_built_ahead_waits_for_one_step_
     events = []
     monkeypatch.setattr(worker.LoadedProblem, "open_steps", staticmethod(lambda source, xp: built_in_steps(
         source, events)))
-    monkeypatch.setattr(worker, "execute", lambda message, problem, quiet: (events.append(
+    monkeypatch.setattr(worker, "execute", lambda message, problem: (events.append(
         f"trial on {problem.source}") or (RunResult(ok=True, median_s=1e-5), False)))
     lines = ScriptedLines([{"prepare": ["p0", "p1"], "backend": "cpu"}, None, {"problem": "px", "backend": "cpu"},
                            *[None] * 4, {"problem": "p1", "backend": "cpu"}, {"problem": "p0", "backend": "cpu"},
@@ -294,19 +252,34 @@ def test_a_worker_imports_the_modules_it_is_started_with(monkeypatch):
     assert events == ["import some.module"]  # an unknown name is no module
 
 
-def test_the_worker_builds_while_its_imports_run_and_warms_libraries_only_after_them(monkeypatch):
+class ScriptedLoading:
+    """Imports that end at the ``ends_at``-th look; a trial waits for them (``join``)."""
+
+    def __init__(self, ends_at, events):
+        self.looks, self.ends_at, self.events = 0, ends_at, events
+
+    def is_alive(self):
+        self.looks += 1
+        self.events.append("loaded?")
+        return self.looks < self.ends_at
+
+    def join(self):
+        self.events.append("wait for the imports")
+
+
+def test_the_worker_builds_while_its_imports_run_and_trials_and_warm_ups_wait_for_them(monkeypatch):
     events = []
     monkeypatch.setattr(worker.LoadedProblem, "open_steps", staticmethod(lambda source, xp: built_in_one_step(
         source, events)))
     monkeypatch.setattr(worker, "WARM", {"lib": lambda: events.append("warm lib")})
-    monkeypatch.setattr(worker, "execute", lambda message, problem, quiet: (events.append(f"trial, quiet {quiet}") or (
+    monkeypatch.setattr(worker, "execute", lambda message, problem: (events.append("trial") or (
         RunResult(ok=True, median_s=1e-5), False)))
-    polls = iter([False, False, False, False, True])  # the imports end at the fifth look
     trial = {"problem": "p0", "backend": "cpu"}
     lines = ScriptedLines([{"prepare": ["p0"], "backend": "cpu", "warm": ["lib"]}, None, trial, *[None] * 6], events)
-    worker.serve(lines, lambda data: events.append(data), loaded=lambda: events.append("loaded?") or next(polls, True))
-    assert events[:6] == [{"ahead": 0}, "loaded?", "build p0", "loaded?", "loaded?", "trial, quiet False"]
-    assert events.index("warm lib") == len(events) - 1 and events.count("loaded?") == 5  # only once they ended
+    worker.serve(lines, lambda data: events.append(data.get("ok", data)), loading=ScriptedLoading(4, events))
+    assert events[:7] == [{"ahead": 0}, "loaded?", "build p0",  # built while the imports ran
+                          "loaded?", "wait for the imports", "trial", True]
+    assert events[7:] == ["loaded?", "loaded?", "warm lib"]  # warmed only once they ended
 
 
 SLOW_IMPORT = """
