@@ -25,13 +25,15 @@ for pass in $(seq "${PASSES:-2}"); do
     (cd "$dir" && CUPY_CACHE_DIR=$TMP/cupy-$side$pass PYTHONPATH=$TMP/py:$dir TUNEBANK_E2E_DB=$TMP/$side$pass.db \
       python bench/optimize_e2e.py --out $TMP/$side$pass --columns tunebank --deadline "${DEADLINE:-300}" \
       --models "$ONLY" --commit $side > $TMP/$side$pass.log 2>&1) || tail -5 $TMP/$side$pass.log
-    cp $TMP/$side$pass.json "$OUT/$NAME-$side$pass.json"
+    [ -f $TMP/$side$pass.json ] && cp $TMP/$side$pass.json "$OUT/$NAME-$side$pass.json"
   done
 done
 python - "$OUT" "$NAME" <<'PY'
 import json, pathlib, sys
 out, name = pathlib.Path(sys.argv[1]), sys.argv[2]
 runs = {p.stem.removeprefix(f"{name}-"): json.loads(p.read_text())["results"] for p in sorted(out.glob(f"{name}-*.json"))}
+if not runs:
+    sys.exit("no run left results")
 models = list(next(iter(runs.values())))
 lines = ["| model | " + " | ".join(f"{run} s (ms)" for run in runs) + " |", "|---" * (len(runs) + 1) + "|"]
 for model in models:
