@@ -3,7 +3,8 @@ one result per line. Started and restarted by :class:`transforms.run.Worker`; se
 for the contract (validation, and timing by CUDA-graph replay over buffer copies that exceed the L2 cache).
 Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a problem sent as a spec is built with
 ``transforms.problem``, which also needs ``embed`` (pydantic). What the worker is
-started with (:data:`LOADS`, as arguments) it imports on a thread while it serves.
+started with (:data:`LOADS`, as arguments) it imports on a thread while it builds problems ahead; a trial waits for
+those imports.
 """
 
 import contextlib
