@@ -81,6 +81,7 @@ from service.optimize_report import OptimizeReport, SubgraphReport
 from service.store import static_vector
 from service.transfer import Neighbour, neighbours, transfer_from
 from service.whole_model import choose_runtime
+from transforms.convolution import match_convolution
 from transforms.plan import LOAD, Parts, Plan, Step, Target, content_hash, fold_side, kernel_step, step_subgraph
 from transforms.plan_runtime import PlanModule
 from transforms.recipe import Recipe, parse
@@ -100,7 +101,9 @@ class OptimizeConfig:
     ``far_distance``: a nearest neighbour farther than this (in the encoder's distance) queues the subgraph for the
     crawler; ``model_calls``: calls timed per whole-model measurement; ``model_margin``: how much faster than eager
     the whole plan must be to be kept (whole-model timings move by a percent or two between runs); ``fold_margin``:
-    how much slower than a kernel and a layout step timed apart their merged kernel may be and still be kept."""
+    how much slower than a kernel and a layout step timed apart their merged kernel may be and still be kept;
+    ``minor_share``: a subgraph under this share of the model's eager time (its occurrences counted) tries, beside
+    its default recipe and the library calls, only its nearest neighbour's recipe (``_candidates_wanted``)."""
 
     k: int = 5
     margin: float = 0.05
@@ -113,6 +116,7 @@ class OptimizeConfig:
     model_margin: float = 0.02
     compare_compile: bool = True
     fold_margin: float = 0.05
+    minor_share: float = 0.02
 
 
 @dataclass
@@ -180,10 +184,13 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     if progress:
         progress(0, len(distinct), "eager timings")
     started = time.perf_counter()
-    for h, row in zip(distinct, rows, strict=True):  # on the GPU before the worker builds problems there
-        if h in tasks and _under_bound(tasks[h], row, measurer.eager(tasks[h], h), ctx.device):
+    eager = {h: measurer.eager(task, h) for h, task in tasks.items()}  # on the GPU before the worker builds there
+    for h, row in zip(distinct, rows, strict=True):
+        if h in tasks and _under_bound(tasks[h], row, eager[h], ctx.device):
             del tasks[h]
     stages.add("eager", started)
+    model_eager_s = sum(count[h] * s for h, row in zip(distinct, rows, strict=True)
+                        if (s := eager.get(h, row.eager_s)) is not None and math.isfinite(s))
     convolutions = ctx.backend == "cuda" and any(n.op == "conv2d" for t in tasks.values() for n in t.program.nests)
     worker.prepare([task.problem for task in tasks.values()], ctx.backend, warm=("cudnn",) if convolutions else ())
     for n, ((h, subgraph), row) in enumerate(zip(distinct.items(), rows, strict=True)):
@@ -191,7 +198,9 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
             progress(n, len(distinct), "+".join(subgraph.ops)[:60])
         if h in tasks:
             measurer.table.results.setdefault(h, {}).update(transfers[h])  # an interrupted run's are not run again
-            _transfer(subgraph, tasks[h], row, ctx, store, measurer, search, config, stages)
+            wanted = _candidates_wanted(tasks[h], row, count[h] * eager[h] / model_eager_s if model_eager_s else 1.0,
+                                        eager[h], ctx.backend, config)
+            _transfer(subgraph, tasks[h], row, ctx, store, measurer, search, config, stages, wanted)
         report.subgraphs.append(row)
     report.built_ahead = worker.settle()  # the worker builds nothing more: the parent times on the GPU from here
     if progress:
@@ -413,8 +422,32 @@ def _look_up(subgraph: Subgraph, row: SubgraphReport, ctx: Context, store: Measu
     return stored
 
 
+#: A convolution cuDNN runs in this many seconds or more (as eager times it) tries no generated kernel but its default
+#: recipe: over the 101 distinct convolutions of the s15-s23 H200 rows (``bench/README.md``, twenty-fourth session)
+#: no other generated kernel won one at 10 us or more, the best of them 1.28-34x cuDNN's time, each one a compile and
+#: a slow call; under it (a squeeze-excitation's 1x1 convolution of pooled pixels, 7 us) one fused kernel beat the
+#: library's convolution and epilogue launches 3x.
+LIBRARY_CONVOLUTION_S = 10e-6
+
+
+def _candidates_wanted(task: Task, row: SubgraphReport, share: float, eager_s: float, backend: str,
+                       config: OptimizeConfig) -> int:
+    """How many candidates a subgraph tries beside its default recipe and the library calls (``transfer_from``'s
+    ``wanted``): none for a convolution cuDNN runs in :data:`LIBRARY_CONVOLUTION_S` or more, its nearest
+    neighbour's recipe only for a subgraph under ``config.minor_share`` of the model's eager time (it can gain the
+    model no more than that share; over the s15-s23 rows at most 0.13% of a model was lost, 21% of the trials saved
+    together with the convolutions' rule), else ``config.k``. ``row.reason`` says why where fewer."""
+    if backend == "cuda" and eager_s >= LIBRARY_CONVOLUTION_S and match_convolution(task.program) is not None:
+        row.reason = f"a convolution cuDNN runs in {eager_s * 1e6:.3g} us: its default recipe and cuDNN only"
+        return 0
+    if share < config.minor_share:
+        row.reason = f"{share:.1%} of the model's eager time: its default recipe, the library calls and one neighbour's"
+        return 1
+    return config.k
+
+
 def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context, store: MeasurementStore,
-              measurer: Measurer, search: _Search, config: OptimizeConfig, stages: _Stages) -> None:
+              measurer: Measurer, search: _Search, config: OptimizeConfig, stages: _Stages, wanted: int) -> None:
     h = subgraph.structural_hash
     subgraph_id, device_id = store.ids[h], store.device_id
     row.source = "transfer"
@@ -433,7 +466,7 @@ def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context,
                 names = dict(session.execute(select(Device.id, Device.name).where(Device.id.in_(lent))).tuples().all())
     stages.add("neighbours", started)
     started = time.perf_counter()
-    result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=config.k,
+    result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=wanted,
                            fill=config.fill, seed=config.seed, library=True)
     eager_s = measurer.eager(task, h)
     stages.add("measure", started)

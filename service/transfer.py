@@ -184,15 +184,16 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
 def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
                   local_budget: int = 0, seed: int = 0, fill: bool = False, rank: Rank | None = None,
                   pool: Sequence[Recipe] | None = None, library: bool = False) -> TransferResult:
-    """Validate and time the default recipe and the neighbours' recipes on the task, keep the fastest; with
-    ``fill``, the neighbours' variants over the knobs they were stored without, then vendor-ranked recipes, then
-    random ones (with ``rank``: the best-ranked of ``pool``) make up the ``wanted`` candidates the neighbours did
-    not give. With ``library``, the space's vendor alternatives (a library call in place of the generated kernel,
-    e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give (origin ``library``)."""
+    """Validate and time the default recipe and the neighbours' recipes (the nearest ``wanted`` distinct ones) on the
+    task, keep the fastest; with ``fill``, the neighbours' variants over the knobs they were stored without, then
+    vendor-ranked recipes, then random ones (with ``rank``: the best-ranked of ``pool``) make up the ``wanted``
+    candidates the neighbours did not give. With ``library``, the space's vendor alternatives (a library call in place
+    of the generated kernel, e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give (origin
+    ``library``)."""
     space = RecipeSpace(task.program, backend)
     default = space.default
     libraries = [r for r in space.alternatives if r != default] if library else []
-    given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default and r not in libraries]
+    given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default and r not in libraries][:wanted]
     filled = (_fill(space, near, {default, *libraries, *given}, wanted - len(given), seed=seed, rank=rank, pool=pool)
               if fill else {})
     searcher = create("given_candidates", space, candidates=[default, *libraries, *given, *filled],
