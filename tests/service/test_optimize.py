@@ -326,3 +326,48 @@ def test_a_transfer_chooses_the_fastest_kernel_stored_for_the_subgraph_not_only_
     row = next(s for s in result.report.subgraphs if s.structural_hash == first.structural_hash)
     assert row.source == "transfer" and str(stored) not in {c["recipe"] for c in row.candidates}  # not tried again
     assert (row.recipe, row.kernel_s, row.choice) == (str(stored), 1e-9, "kernel")  # as a hit would choose later
+
+
+@pytest.mark.parametrize(("backend", "eager_us", "share", "wanted"), [
+    ("cuda", 10.1, 0.5, 0), ("cuda", 9.9, 0.5, 5), ("cpu", 50.0, 0.5, 5), ("cuda", 9.9, 0.019, 1)])
+def test_a_convolution_cudnn_runs_in_10_us_or_more_tries_only_its_default_and_the_library(
+        backend: str, eager_us: float, share: float, wanted: int) -> None:
+    from service.optimize import _candidates_wanted
+    from tests.transforms.test_vendor import conv_block, subgraphs
+    from transforms.tune import make_task
+
+    row = SubgraphReport("conv", "conv", "h", ["conv2d"], 1, "transfer")
+    task = make_task(subgraphs(conv_block(), "conv2d")[0])
+    assert _candidates_wanted(task, row, share, eager_us * 1e-6, backend, OptimizeConfig(k=5)) == wanted
+    assert (row.reason is None) == (wanted == 5)
+
+
+@pytest.mark.parametrize(("share", "wanted"), [(0.0199, 1), (0.0201, 5), (math.nan, 5)])
+def test_a_subgraph_under_2_percent_of_the_model_tries_one_neighbours_recipe(share: float, wanted: int) -> None:
+    from service.optimize import _candidates_wanted
+    from tests.transforms.test_vendor import conv_block, subgraphs
+    from transforms.tune import make_task
+
+    row = SubgraphReport("linear", "contraction", "h", ["matmul"], 1, "transfer")
+    task = make_task(subgraphs(conv_block(), "matmul")[0])
+    assert _candidates_wanted(task, row, share, 1e-3, "cuda", OptimizeConfig(k=5)) == wanted
+    if wanted == 1:
+        assert row.reason.startswith("2.0% of the model's eager time")
+
+
+def test_optimize_gives_a_subgraph_a_minor_share_of_the_models_eager_time_one_candidate(
+        ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.measure
+
+    # eager: 1 ms for each subgraph but the layer norm's 10 us, 10 / 2010 = 0.5% of the model (counted once each)
+    monkeypatch.setattr(service.measure, "eager_seconds",
+                        lambda task, **_: 1e-5 if any(n.op == "layer_norm" for n in task.program.nests) else 1e-3)
+    with Worker() as worker:
+        result = optimize(_graph(WithCumsum()), ctx, worker=worker, config=OptimizeConfig(time_model=False, **FAST))
+    rows = {"+".join(s.ops): s for s in result.report.subgraphs if s.source == "transfer"}
+    assert len(rows) == 3
+    for ops, row in rows.items():
+        others = [c for c in row.candidates if c["origin"] not in ("default", "library")]
+        minor = "layer_norm" in ops
+        assert len(others) == (1 if minor else FAST["k"]), (ops, row.candidates)
+        assert (row.reason or "").startswith("0.5% of the model's eager time") == minor

@@ -156,6 +156,21 @@ def test_the_vendor_library_is_a_candidate_however_many_neighbours_there_are() -
     assert [origin for origin, _ in with_library].count("neighbour") == 3
 
 
+@pytest.mark.parametrize("wanted", [0, 1, 2])
+def test_wanted_caps_the_neighbours_recipes_to_the_nearest_ones_and_never_the_library(wanted: int) -> None:
+    from tests.transforms.test_vendor import conv_block, subgraphs
+
+    task = make_task(subgraphs(conv_block(), "conv2d")[1])
+    space = RecipeSpace(task.program, "cpu")
+    recipes = random_recipes(space, 3, seed=0)
+    near = [Neighbour(n, f"n{n}", 0.5 + n, str(r), str(r), ()) for n, r in enumerate(recipes)]  # nearest first
+    result = service.transfer.transfer_from(task, "q", near, measurer=synthetic_measurer(), backend="cpu",
+                                            wanted=wanted, fill=True, library=True)
+    assert [(t.origin, t.recipe) for t in result.tried] == [
+        ("default", str(space.default)), ("library", "conv(torch)"),
+        *[("neighbour", str(r)) for r in recipes[:wanted]]]
+
+
 def _features(subgraph: Subgraph):  # noqa: ANN202
     from embed.encoders import FeatureSet
 

@@ -191,8 +191,9 @@ def test_cudnn_heuristic_convolution_applies_but_is_not_offered() -> None:
     space = RecipeSpace(make_task(conv).program, "cuda")
     heuristic = parse("conv(cudnn,default)")
     offered = [str(r) for r in space.vendor_ranked() if str(r).startswith("conv(")]
-    assert offered == ["conv(cudnn,benchmark)", "conv(torch)", "conv(cudnn,benchmark,tf32)"]
-    assert heuristic not in space.alternatives
+    assert offered == ["conv(cudnn,benchmark)", "conv(cudnn,benchmark,tf32)"]  # conv(torch): cpu's only
+    assert heuristic not in space.alternatives and parse("conv(torch)") not in space.alternatives
+    assert kernel_step(conv, "conv(torch)", "cuda").launches  # still applies: plans and databases hold it
     launch = kernel_step(conv, "conv(cudnn,default)", "cuda").launches[0]
     assert {a["name"]: a["value"] for a in launch["args"] if a["type"] == "Scalar"}["benchmark"] == 0
     with pytest.raises(ScheduleError, match="use one of .*conv\\(cudnn,default\\)"):
