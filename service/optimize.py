@@ -21,9 +21,11 @@ Per distinct subgraph, in partition order:
 * **bound**: a subgraph to transfer whose eager time is under half its roofline bound (eager moved no data: a view)
   runs eagerly with nothing measured (``_under_bound``).
 
-Eager is timed for every subgraph to transfer first, in this process, on the GPU; then the worker builds their
-problems ahead while this process looks up neighbours and compiles candidates (``Worker.prepare``), and is settled
-(``Worker.settle``) before this process times on the GPU again, so no timing shares the GPU with a problem built.
+Eager is timed for every subgraph to transfer first, in this process, on the GPU; then they are transferred in
+partition order, but those with convolutions last (their library candidates need torch, which a cuda worker imports
+meanwhile), the worker building their problems ahead while this process looks up neighbours and compiles candidates
+(``Worker.prepare``), and is settled (``Worker.settle``) before this process times on the GPU again, so no timing
+shares the GPU with a problem built.
 
 The eager implementation is always a candidate: a kernel is chosen only when it is faster than eager by more than
 ``margin`` (default 5%: within that, timing noise decides, and eager costs nothing to keep). Then the model is run
@@ -191,17 +193,19 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     stages.add("eager", started)
     model_eager_s = sum(count[h] * s for h, row in zip(distinct, rows, strict=True)
                         if (s := eager.get(h, row.eager_s)) is not None and math.isfinite(s))
-    convolutions = ctx.backend == "cuda" and any(n.op == "conv2d" for t in tasks.values() for n in t.program.nests)
-    worker.prepare([task.problem for task in tasks.values()], ctx.backend, warm=("cudnn",) if convolutions else ())
-    for n, ((h, subgraph), row) in enumerate(zip(distinct.items(), rows, strict=True)):
+    order = sorted(tasks, key=lambda h: _convolves(tasks[h]))  # stable: the partition's order otherwise
+    worker.prepare([tasks[h].problem for h in order], ctx.backend,
+                   warm=("cudnn",) if ctx.backend == "cuda" and any(map(_convolves, tasks.values())) else ())
+    by_hash = dict(zip(distinct, rows, strict=True))
+    for n, h in enumerate(order):
         if progress:
-            progress(n, len(distinct), "+".join(subgraph.ops)[:60])
-        if h in tasks:
-            measurer.table.results.setdefault(h, {}).update(transfers[h])  # an interrupted run's are not run again
-            wanted = _candidates_wanted(tasks[h], row, count[h] * eager[h] / model_eager_s if model_eager_s else 1.0,
-                                        eager[h], ctx.backend, config)
-            _transfer(subgraph, tasks[h], row, ctx, store, measurer, search, config, stages, wanted)
-        report.subgraphs.append(row)
+            progress(len(distinct) - len(order) + n, len(distinct), "+".join(distinct[h].ops)[:60])
+        measurer.table.results.setdefault(h, {}).update(transfers[h])  # an interrupted run's are not run again
+        row = by_hash[h]
+        wanted = _candidates_wanted(tasks[h], row, count[h] * eager[h] / model_eager_s if model_eager_s else 1.0,
+                                    eager[h], ctx.backend, config)
+        _transfer(distinct[h], tasks[h], row, ctx, store, measurer, search, config, stages, wanted)
+    report.subgraphs.extend(rows)
     report.built_ahead = worker.settle()  # the worker builds nothing more: the parent times on the GPU from here
     if progress:
         progress(len(distinct), len(distinct), "plan")
@@ -231,6 +235,12 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     if module is not None:
         module.plan = plan
     return Optimized(plan, report, module, params)
+
+
+def _convolves(task: Task) -> bool:
+    """Whether ``task``'s candidates include library convolutions: a cuda worker imports torch for them while it
+    runs the other subgraphs' trials (``transforms.worker.LOADS``), so these are measured last."""
+    return any(nest.op == "conv2d" for nest in task.program.nests)
 
 
 def _worker_loads(graph: Graph, backend: str) -> tuple[str, ...]:

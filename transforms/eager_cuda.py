@@ -1,14 +1,17 @@
 """PyTorch eager on a CUDA GPU, timed like generated kernels: CUDA-graph replay over input copies that
-together exceed twice the L2 cache, CUDA events, warm-up, median seconds per call."""
+together exceed twice the L2 cache, behind the gate (``transforms.gate``), CUDA events, warm-up, median seconds per
+call."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from transforms.gate import gate
 from transforms.worker import copies_past_l2
 
 
@@ -44,20 +47,29 @@ def graph_replay_seconds(
         with torch.cuda.graph(graph):
             all_copies()
         step: Callable[[], None] = graph.replay
-    except Exception:  # not capturable (host syncs, cpu tensors): time plain calls
+        gated = True
+    except Exception:  # not capturable (host syncs, cpu tensors): time plain calls, which a gate would hold
         torch.cuda.synchronize()
-        step = all_copies
+        step, gated = all_copies, False
     try:
         for _ in range(warmup):
             step()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
         for _ in range(repeats):
-            start.record()
-            step()
-            end.record()
+            with _gate(torch) if gated else contextlib.nullcontext():
+                start.record()
+                step()
+                end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e-3 / copies)
     except Exception:
         return math.nan
     return float(np.median(times))
+
+
+def _gate(torch: Any) -> contextlib.AbstractContextManager[None]:
+    """The gate (``transforms.gate``) on PyTorch's current stream, as the worker times its candidates."""
+    import cupy
+
+    return gate(cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))

@@ -3,8 +3,9 @@ one result per line. Started and restarted by :class:`transforms.run.Worker`; se
 for the contract (validation, and timing by CUDA-graph replay over buffer copies that exceed the L2 cache).
 Imports only the standard library, NumPy, ctypes and (for cuda trials) CuPy; a problem sent as a spec is built with
 ``transforms.problem``, which also needs ``embed`` (pydantic). What the worker is
-started with (:data:`LOADS`, as arguments) it imports on a thread while it builds problems ahead; a trial waits for
-those imports.
+started with (:data:`LOADS`, as arguments) it imports on a thread while it builds problems ahead and runs trials; a
+trial of a library routine run through PyTorch waits for those imports. On cuda every timing is taken behind a gate
+(``transforms.gate``), so the imports' thread holding the interpreter delays a timing but is not timed.
 """
 
 import contextlib
@@ -15,13 +16,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from transforms import device_check, vendor_blas, vendor_torch
 from transforms.compilers import cpu, cuda
+from transforms.gate import gate
 from transforms.results import RunResult
 from transforms.run import (
     Buffer,
@@ -198,6 +200,23 @@ def _largest(values: np.ndarray) -> float:
     return float(values.max()) if values.size else 0.0
 
 
+def wall_seconds(call: Call) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+#: Library routines run through PyTorch (``transforms.vendor_torch``): a trial of one waits for the worker's imports,
+#: and none is timed behind the gate outside a CUDA graph (PyTorch may synchronize inside a call: cuDNN's search, its
+#: allocator).
+TORCH_LIBRARIES = frozenset({"cudnn_conv", "torch_conv", "torch_matmul"})
+
+
+def needs_torch(libraries: Iterable[str | None]) -> bool:
+    """Whether any of the launches' ``library`` names a routine run through PyTorch (:data:`TORCH_LIBRARIES`)."""
+    return not TORCH_LIBRARIES.isdisjoint(libraries)
+
+
 def within_budget(repeats: int) -> Iterator[int]:
     """Indices of timed calls: ``repeats`` of them, fewer (at least :data:`MIN_REPEATS`) once
     :data:`TIMING_BUDGET_S` of wall time has passed since the first."""
@@ -238,6 +257,10 @@ class CpuBackend:
                 function(*args)
 
         return call, lambda: arrays
+
+    def call_seconds(self, call: Call, gated: bool) -> float:
+        """Wall-clock seconds of one call."""
+        return wall_seconds(call)
 
     def time(self, call: Call, warmup: int, repeats: int, call_s: float) -> list[float]:
         for _ in range(0 if call_s >= LONG_CALL_S else warmup):
@@ -309,6 +332,8 @@ class CudaBackend:
             launch_all(first)
             self.stream.synchronize()
 
+        self.launch_first = lambda: launch_all(first)
+
         def capture(copies: int) -> Any:
             sets = [first] + [{n: a.copy() for n, a in first.items()} for _ in range(copies - 1)]
             cp.cuda.Device().synchronize()  # the copies ran on the default stream; the kernels run on another
@@ -320,6 +345,21 @@ class CudaBackend:
 
         self.capture = capture
         return call, lambda: first
+
+    def call_seconds(self, call: Call, gated: bool) -> float:
+        """Seconds of one call: by CUDA events behind the gate (``transforms.gate``: the host's own delays left out),
+        or where a launch may load a kernel or synchronize on the host inside its call (``gated`` False), by the
+        wall clock."""
+        if not gated:
+            return wall_seconds(call)
+        cp = self.cupy
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        with gate(self.stream):
+            start.record(self.stream)
+            self.launch_first()
+            end.record(self.stream)
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1e-3
 
     def time(self, call: Call, warmup: int, repeats: int, call_s: float) -> list[float]:
         """Seconds per launch sequence: each replay of the graph of all copies, over the number of copies.
@@ -334,9 +374,10 @@ class CudaBackend:
         start, end = cp.cuda.Event(), cp.cuda.Event()
         times: list[float] = []
         for _ in within_budget(repeats):
-            start.record(self.stream)
-            graph.launch(self.stream)
-            end.record(self.stream)
+            with gate(self.stream):  # the replay's kernels are loaded: the calls before it loaded them
+                start.record(self.stream)
+                graph.launch(self.stream)
+                end.record(self.stream)
             end.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3 / copies)
         return times
@@ -397,9 +438,8 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
         return RunResult.failure("launch", f"{type(e).__name__}: {e}"), False
     try:
         call, fetch = backend.bind(message["artifact"], launches, backend.arrays(launches, problem))
-        started = time.perf_counter()
-        call()
-        checked_s = time.perf_counter() - started
+        # a library routine may load its kernel in its first call (a generated module's are loaded when bound)
+        checked_s = backend.call_seconds(call, gated=not any(launch.library for launch in launches))
         outputs = fetch()
         worst = 0.0
         written = [b for b in buffers_of(launches) if b.kind == "output"]
@@ -428,9 +468,8 @@ def execute(message: dict[str, Any], problem: LoadedProblem) -> tuple[RunResult,
         # cuDNN's benchmark search, a plan built)
         return RunResult(ok=True, median_s=checked_s, min_s=checked_s, repeats=1, max_rel_err=worst), False
     try:
-        started = time.perf_counter()  # a second call, past a library's first-call work, says how long one takes
-        call()
-        call_s = time.perf_counter() - started
+        # a second call, past a library's first-call work, says how long one takes
+        call_s = backend.call_seconds(call, gated=not needs_torch(launch.library for launch in launches))
         if slower_than is not None and call_s > slower_than:  # out of the running: that one call is its time
             return RunResult(ok=True, median_s=call_s, min_s=call_s, repeats=1, max_rel_err=worst), False
         times = np.array(backend.time(call, message["warmup"], message["repeats"], call_s))
@@ -453,9 +492,9 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
 WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
 #: What a worker can be told to import as it starts (``Worker.warm``), in order, on a thread (:func:`_load`): host
 #: work, which overlaps the caller's own and the problems the worker builds ahead. ``problems``: what a problem sent
-#: as a spec is built with; ``torch``: what a library convolution's trials need (1.5-2.8 s on an H200 machine). A
-#: trial waits for the imports to end: beside them its times are not its own (the import holds the interpreter
-#: between a CUDA event and a launch: a 55 us GEMM timed at 316 us, a 23 us kernel's first call at 5.3 ms).
+#: as a spec is built with; ``torch``: what a library convolution's trials need (1.5-2.8 s on an H200 machine), which
+#: wait for the imports to end. The other trials run beside them, timed behind the gate: ungated, the import held the
+#: interpreter between a CUDA event and a launch (a 55 us GEMM timed at 316 us, a 23 us kernel's first call at 5.3 ms).
 LOADS: dict[str, str] = {"problems": "transforms.problem", "torch": "torch"}
 #: How long an idle worker waits for a message before it looks again whether its imports have ended (it warms the
 #: libraries only then: a warm-up that imported torch itself would hold the worker until the import ends).
@@ -566,8 +605,8 @@ def main() -> None:
 
 def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *, loading: Loading | None = None) -> None:
     """Answer each message of ``lines``; while none waits, build the prepared problems, then, once the imports
-    ``loading`` runs have ended, warm the libraries the last ``prepare`` named (each once). A trial waits for those
-    imports (:data:`LOADS`)."""
+    ``loading`` runs have ended, warm the libraries the last ``prepare`` named (each once). A trial of a library
+    routine run through PyTorch waits for those imports (:data:`LOADS`, :func:`_waits_for_imports`)."""
     problems = Problems()
     warming: list[str] = []
     warmed: set[str] = set()
@@ -592,12 +631,21 @@ def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *, loading:
             failure = RunResult.failure("launch", f"cannot load the problem: {type(e).__name__}: {e}")
             reply({**failure.to_json(), "fatal": False})
             continue
-        if loading is not None:
+        if loading is not None and _waits_for_imports(message):
             loading.join()
         result, fatal = execute(message, problem)
         reply({**result.to_json(), "fatal": fatal})
         if fatal:
             return
+
+
+def _waits_for_imports(message: dict[str, Any]) -> bool:
+    """Whether a trial waits for the worker's imports: one with a library routine run through PyTorch (the others
+    are timed behind the gate, whatever the imports' thread holds), or a malformed one (``execute`` says why)."""
+    launched = message.get("launches")
+    if not isinstance(launched, list):
+        return True
+    return needs_torch(d.get("library") for d in launched if isinstance(d, dict))
 
 
 if __name__ == "__main__":

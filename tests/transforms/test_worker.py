@@ -267,19 +267,23 @@ class ScriptedLoading:
         self.events.append("wait for the imports")
 
 
-def test_the_worker_builds_while_its_imports_run_and_trials_and_warm_ups_wait_for_them(monkeypatch):
+def test_the_worker_builds_and_runs_trials_while_its_imports_run_but_torch_trials_and_warm_ups_wait(monkeypatch):
     events = []
     monkeypatch.setattr(worker.LoadedProblem, "open_steps", staticmethod(lambda source, xp: built_in_one_step(
         source, events)))
     monkeypatch.setattr(worker, "WARM", {"lib": lambda: events.append("warm lib")})
     monkeypatch.setattr(worker, "execute", lambda message, problem: (events.append("trial") or (
         RunResult(ok=True, median_s=1e-5), False)))
-    trial = {"problem": "p0", "backend": "cpu"}
-    lines = ScriptedLines([{"prepare": ["p0"], "backend": "cpu", "warm": ["lib"]}, None, trial, *[None] * 6], events)
-    worker.serve(lines, lambda data: events.append(data.get("ok", data)), loading=ScriptedLoading(4, events))
-    assert events[:7] == [{"ahead": 0}, "loaded?", "build p0",  # built while the imports ran
-                          "loaded?", "wait for the imports", "trial", True]
-    assert events[7:] == ["loaded?", "loaded?", "warm lib"]  # warmed only once they ended
+    generated = {"problem": "p0", "backend": "cpu", "launches": [{"entry": "k", "library": ""}]}
+    cudnn = {"problem": "p0", "backend": "cpu", "launches": [{"entry": "c", "library": "cudnn_conv"},
+                                                             {"entry": "epilogue", "library": ""}]}
+    steps = [{"prepare": ["p0"], "backend": "cpu", "warm": ["lib"]}, None, generated, cudnn, *[None] * 6]
+    worker.serve(ScriptedLines(steps, events), lambda data: events.append(data.get("ok", data)),
+                 loading=ScriptedLoading(4, events))
+    assert events[:10] == [{"ahead": 0}, "loaded?", "build p0",  # built while the imports ran
+                           "loaded?", "trial", True,  # a generated kernel's trial, timed behind the gate
+                           "loaded?", "wait for the imports", "trial", True]  # cuDNN's, run through torch
+    assert events[10:] == ["loaded?", "warm lib"]  # warmed only once they ended
 
 
 SLOW_IMPORT = """
