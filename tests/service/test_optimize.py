@@ -371,3 +371,35 @@ def test_optimize_gives_a_subgraph_a_minor_share_of_the_models_eager_time_one_ca
         minor = "layer_norm" in ops
         assert len(others) == (1 if minor else FAST["k"]), (ops, row.candidates)
         assert (row.reason or "").startswith("0.5% of the model's eager time") == minor
+
+
+class ConvThenLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.l = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l(torch.relu(self.c(x)).flatten(1))
+
+
+def test_subgraphs_with_convolutions_are_transferred_last_and_reported_in_partition_order(
+        ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.optimize
+
+    transferred, prepared = [], []
+    transfer = service.optimize._transfer
+    monkeypatch.setattr(service.optimize, "_transfer", lambda subgraph, task, *a: transferred.append(
+        (subgraph.ops, task.problem)) or transfer(subgraph, task, *a))
+
+    class PreparingWorker(Worker):
+        def prepare(self, problems, backend, **options):
+            prepared.extend(problems)
+            super().prepare(problems, backend, **options)
+
+    graph = import_module(ConvThenLinear().eval(), (torch.randn(2, 3, 6, 6),))
+    with PreparingWorker() as worker:
+        result = optimize(graph, ctx, worker=worker, config=OptimizeConfig(**FAST, time_model=False))
+    convolves = ["conv2d" in ops for ops, _ in transferred]
+    assert len(transferred) >= 2 and convolves[-1] and not any(convolves[:-1])  # the worker imports torch meanwhile
+    assert len(prepared) == len(transferred) and all(p is q for p, (_, q) in zip(prepared, transferred, strict=True))
+    assert "conv2d" in result.report.subgraphs[0].ops  # the report keeps the partition's order
