@@ -61,6 +61,7 @@ class Gate:
 
         self.pointer = cupy.cuda.runtime.hostAlloc(4, cupy.cuda.runtime.hostAllocMapped)
         self.flag = ctypes.c_int32.from_address(self.pointer)
+        self.flag.value = 1  # open until a timing closes it
         self.module = cupy.cuda.function.Module()
         self.module.load(_PTX.encode())
         self.kernel = self.module.get_function("tb_gate")
