@@ -105,7 +105,10 @@ class OptimizeConfig:
     the whole plan must be to be kept (whole-model timings move by a percent or two between runs); ``fold_margin``:
     how much slower than a kernel and a layout step timed apart their merged kernel may be and still be kept;
     ``minor_share``: a subgraph under this share of the model's eager time (its occurrences counted) tries, beside
-    its default recipe and the library calls, only its nearest neighbour's recipe (``_candidates_wanted``)."""
+    its default recipe and the library calls, only its nearest neighbour's recipe (``_candidates_wanted``);
+    ``explore``: the places the neighbours leave are filled with uniform random recipes too, after their variants and
+    the vendor-ranked ones (off: over the s15-s23 H200 rows they saved at most 0.48% of a model, for 9% of the
+    trials, ``bench/README.md``, twenty-fourth session; the crawler explores instead)."""
 
     k: int = 5
     margin: float = 0.05
@@ -119,6 +122,7 @@ class OptimizeConfig:
     compare_compile: bool = True
     fold_margin: float = 0.05
     minor_share: float = 0.02
+    explore: bool = False
 
 
 @dataclass
@@ -477,7 +481,7 @@ def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context,
     stages.add("neighbours", started)
     started = time.perf_counter()
     result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=wanted,
-                           fill=config.fill, seed=config.seed, library=True)
+                           fill=config.fill, seed=config.seed, library=True, explore=config.explore)
     eager_s = measurer.eager(task, h)
     stages.add("measure", started)
     row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe,

@@ -140,17 +140,18 @@ def random_recipes(space: RecipeSpace, n: int, *, seed: int) -> list[Recipe]:
 
 
 def _fill(space: RecipeSpace, near: Sequence[Neighbour], taken: Collection[Recipe], wanted: int, *,
-          seed: int, rank: Rank | None = None, pool: Sequence[Recipe] | None = None) -> dict[Recipe, str]:
+          seed: int, rank: Rank | None = None, pool: Sequence[Recipe] | None = None,
+          explore: bool = True) -> dict[Recipe, str]:
     """Up to ``wanted`` recipes not in ``taken``, each with its origin, in order: the neighbours' variants over the
-    knobs they were stored without, the vendor-ranked recipes, then uniform random ones, or with ``rank`` the
-    best-ranked of ``pool`` (default: :data:`POOL` random recipes; ties keep the pool's order)."""
+    knobs they were stored without, the vendor-ranked recipes, then (with ``explore``) uniform random ones, or with
+    ``rank`` the best-ranked of ``pool`` (default: :data:`POOL` random recipes; ties keep the pool's order)."""
     sources: list[tuple[str, Callable[[], Iterable[Recipe]]]] = [
         ("variant", lambda: (v for n in near for v in space.variants(parse(n.recipe), n.newer_knobs))),
         ("vendor", space.vendor_ranked),
     ]
-    if rank is None:
+    if explore and rank is None:
         sources.append(("random", lambda: random_recipes(space, wanted + len(taken), seed=seed)))
-    else:
+    elif explore:
         sources.append(("model", lambda: _ranked(rank, random_recipes(space, POOL, seed=seed) if pool is None
                                                  else pool)))
     chosen: dict[Recipe, str] = {}
@@ -183,19 +184,20 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
 
 def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
                   local_budget: int = 0, seed: int = 0, fill: bool = False, rank: Rank | None = None,
-                  pool: Sequence[Recipe] | None = None, library: bool = False) -> TransferResult:
+                  pool: Sequence[Recipe] | None = None, library: bool = False, explore: bool = True
+                  ) -> TransferResult:
     """Validate and time the default recipe and the neighbours' recipes (the nearest ``wanted`` distinct ones) on the
     task, keep the fastest; with ``fill``, the neighbours' variants over the knobs they were stored without, then
-    vendor-ranked recipes, then random ones (with ``rank``: the best-ranked of ``pool``) make up the ``wanted``
-    candidates the neighbours did not give. With ``library``, the space's vendor alternatives (a library call in place
-    of the generated kernel, e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give (origin
-    ``library``)."""
+    vendor-ranked recipes, then (with ``explore``) random ones (with ``rank``: the best-ranked of ``pool``) make up the
+    ``wanted`` candidates the neighbours did not give. With ``library``, the space's vendor alternatives (a library call
+    in place of the generated kernel, e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give
+    (origin ``library``)."""
     space = RecipeSpace(task.program, backend)
     default = space.default
     libraries = [r for r in space.alternatives if r != default] if library else []
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default and r not in libraries][:wanted]
-    filled = (_fill(space, near, {default, *libraries, *given}, wanted - len(given), seed=seed, rank=rank, pool=pool)
-              if fill else {})
+    filled = (_fill(space, near, {default, *libraries, *given}, wanted - len(given), seed=seed, rank=rank, pool=pool,
+                    explore=explore) if fill else {})
     searcher = create("given_candidates", space, candidates=[default, *libraries, *given, *filled],
                       local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))

@@ -207,3 +207,16 @@ def test_transfer_takes_exactly_the_k_nearest_neighbours(tmp_path: Path) -> None
             measured = measurer.table.results[n.structural_hash]
             assert n.source_recipe == min(measured, key=measured.get)
             assert n.recipe in {t.recipe for t in result.tried if t.origin in ("neighbour", "default")}
+
+
+@pytest.mark.parametrize("explore", [False, True])
+def test_without_explore_the_fill_stops_at_the_variants_and_vendor_recipes(explore: bool) -> None:
+    from tests.transforms.kernels import single
+
+    task = make_task(single("add", [("a", (64, 32), "float32"), ("b", (64, 32), "float32")], (64, 32)))
+    space = RecipeSpace(task.program, "cpu")
+    result = service.transfer.transfer_from(task, "q", [], measurer=synthetic_measurer(), backend="cpu", wanted=3,
+                                            fill=True, explore=explore)
+    origins = [t.origin for t in result.tried]
+    assert origins == ["default", *["random"] * 3] if explore else origins == ["default"]
+    assert not space.vendor_ranked()  # an elementwise subgraph has no library path: only random recipes fill it
