@@ -2,11 +2,12 @@
 # Optimize times of two versions of tunebank in one device call: $BASE (a commit the device copy's git holds, e.g. its
 # HEAD, as `git archive` extracts it, or a patch file that turns the working tree into the base, e.g. `git diff HEAD
 # <commit> -- embed transforms service db tunebank > probe/base.patch`, carried) against the working tree, alternating
-# for $PASSES passes (default 2), each pass of each side a fresh process with a fresh CuPy cache, a fresh CUDA JIT cache (cuDNN's
-# TF32 searches JIT-compile kernels once a machine) and a fresh copy of $DB, the `tunebank` column only, over $ONLY (comma-separated models of bench/e2e_models.py). Two calls of the same
-# code differ by up to 15% a model (bench/README.md, twenty-third session): compare versions only within one call.
-# Writes $OUT/$NAME-<side><pass>.json and $OUT/$NAME.md, the table of optimize seconds and plan ms by model and pass.
-# Run with carry [".whl", "$DB"]; see bench/optimize_e2e_device.sh for the wheels and the database.
+# for $PASSES passes (default 2), each pass of each side a fresh process with a fresh CuPy cache, a fresh CUDA JIT
+# cache (cuDNN's TF32 searches JIT-compile kernels once a machine) and a fresh copy of $DB, the `tunebank` column only,
+# over $ONLY (comma-separated models of bench/e2e_models.py). Two calls of the same code differ by up to 15% a model
+# (bench/README.md, twenty-third session): compare versions only within one call. Writes $OUT/$NAME-<side><pass>.json
+# and $OUT/$NAME.md, the table of optimize seconds and plan ms by model and pass. Run with carry [".whl", "$DB"]; see
+# bench/optimize_e2e_device.sh for the wheels and the database.
 set -u
 : "${BASE:?a commit to compare with}" "${ONLY:?models}" "${NAME:=optimize_ab}"
 TMP=/tmp/e2e-ab-$NAME
