@@ -13,7 +13,7 @@ set -u
 TMP=/tmp/e2e-ab-$NAME
 mkdir -p $TMP/base $TMP/py
 if [ -f "$BASE" ]; then
-  cp -r embed transforms service db tunebank bench $TMP/base && (cd $TMP/base && git apply "$PWD/$BASE") \
+  cp -r embed transforms service db tunebank bench $TMP/base && (base=$PWD/$BASE && cd $TMP/base && git apply "$base") \
     || { echo "$BASE does not apply to the working tree"; exit 3; }
 else
   git archive "$BASE" embed transforms service db tunebank bench | tar -x -C $TMP/base \
