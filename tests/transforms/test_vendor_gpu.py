@@ -1,9 +1,8 @@
-"""GPU tests of the vendor convolution (``conv(cudnn,benchmark)``, ``conv(cudnn,benchmark,tf32)``, and
-``conv(torch)`` and ``conv(cudnn,default)``, which apply but are not offered): each validates through the cuda worker (CuPy buffers
-seen by PyTorch, CUDA-graph timing) at the ConvNeXt 7x7 depthwise and ResNet conv+bn+add+relu sizes of the GPU
-bench, runs in a cuda plan (uncaptured and captured as a CUDA graph), and prints its time beside the generated direct
-convolution's and eager's (run with ``-s`` to see them). The cuda sources also compile with nvcc without a GPU (the
-last test)."""
+"""GPU tests of the vendor convolution (``conv(cudnn,benchmark)``, ``conv(cudnn,benchmark,tf32)``, and ``conv(torch)``
+and ``conv(cudnn,default)``, which apply but are not offered): each validates through the cuda worker (CuPy buffers seen
+by PyTorch, CUDA-graph timing) at the ConvNeXt 7x7 depthwise and ResNet conv+bn+add+relu sizes of the GPU bench, runs in
+a cuda plan (uncaptured and captured as a CUDA graph), and prints its time beside the generated direct convolution's and
+eager's (run with ``-s`` to see them). The cuda sources also compile with nvcc without a GPU (the last test)."""
 
 from pathlib import Path
 

@@ -128,7 +128,11 @@ def test_the_table_counts_candidates_not_run_apart_from_failures(capsys: pytest.
                                       "message": None} for n, e in enumerate(errors)],
                          neighbours=[{"structural_hash": "n" * 64, "distance": 0.5, "recipe": "r0",
                                       "lent_by": "cuda:NVIDIA H100 80GB HBM3"}])
-    _print(OptimizeReport("m", "cuda", "cuda:NVIDIA H200", "nvrtc", subgraphs=[row]))
+    fewer = SubgraphReport("add", "elementwise", "a" * 64, ["add"], 1, "transfer", eager_s=1e-6,
+                           reason="1.0% of the model's eager time: its default recipe, the library calls and one "
+                                  "neighbour's")
+    _print(OptimizeReport("m", "cuda", "cuda:NVIDIA H200", "nvrtc", subgraphs=[row, fewer]))
     out = capsys.readouterr().out
     assert "3/1x+2" in out  # 3 run, 1 of them failed, 2 not run
     assert "neighbours' recipes measured on cuda:NVIDIA H100 80GB HBM3" in out
+    assert "#1 1.0% of the model's eager time" in out and "#0 " not in out  # why a transfer tried fewer

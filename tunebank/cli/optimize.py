@@ -184,6 +184,8 @@ def _print(report: OptimizeReport | Report) -> None:
     for n, s in enumerate(report.subgraphs):
         if s.source == "not tunable":
             console.print(f"#{n} not tunable: {escape(str(s.reason))}")
+        elif s.source == "transfer" and s.reason:  # fewer candidates than k, and why
+            console.print(f"#{n} {escape(s.reason)}")
     counts = ", ".join(f"{v} {k}" for k, v in report.counts().items())
     console.print(f"subgraphs: {escape(counts)}; kernels measured: {report.measured}")
     if report.model_s is not None:
