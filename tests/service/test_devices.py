@@ -68,3 +68,17 @@ def test_a_recorded_long_cpu_id_reads_as_todays_id_and_others_are_left_alone(fre
     assert len(cpu.from_recorded(recorded + "x" * 400)) <= COLUMN
     short = cpu.toolchain_id()
     assert cpu.from_recorded(short) == short and cpu.from_recorded("nvrtc 13.0") == "nvrtc 13.0"
+
+
+def test_the_device_is_measured_once_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.devices
+
+    measured = []
+    monkeypatch.setattr(service.devices, "cpu_device", lambda: measured.append(1) or "the cpu")
+    service.devices.detect_device.cache_clear()
+    try:
+        assert [service.devices.detect_device("cpu") for _ in range(3)] == ["the cpu"] * 3 and measured == [1]
+        with pytest.raises(ValueError, match="unknown backend"):
+            service.devices.detect_device("tpu")
+    finally:
+        service.devices.detect_device.cache_clear()
