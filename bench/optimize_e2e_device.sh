@@ -17,6 +17,9 @@
 # (CUDA_VISIBLE_DEVICES), and their checkpoints be combined with bench/optimize_e2e.py --merge.
 set -u
 TMP=/tmp/e2e-$NAME
+# a fresh machine's caches unless the caller names others: CuPy's compiled kernels (the reference evaluator's, the
+# check's) and CUDA's JIT cache (kernels cuDNN's TF32 searches compile once a machine)
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$TMP/cupy} CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$TMP/nv-cache}
 mkdir -p $TMP/py && for w in .whl/*.whl; do python -m zipfile -e "$w" $TMP/py; done
 # bytecode compiled ahead and kept, as an installed environment has it: the GPU image sets PYTHONDONTWRITEBYTECODE and
 # its packages have none, so each process (optimize's worker, too) would compile every module it imports
