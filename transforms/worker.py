@@ -201,6 +201,7 @@ def _largest(values: np.ndarray) -> float:
 
 
 def wall_seconds(call: Call) -> float:
+    """Seconds of one call by the wall clock."""
     started = time.perf_counter()
     call()
     return time.perf_counter() - started
