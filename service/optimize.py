@@ -197,17 +197,18 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     stages.add("eager", started)
     model_eager_s = sum(count[h] * s for h, row in zip(distinct, rows, strict=True)
                         if (s := eager.get(h, row.eager_s)) is not None and math.isfinite(s))
-    order = sorted(tasks, key=lambda h: _convolves(tasks[h]))  # stable: the partition's order otherwise
+    convolving = {h for h, task in tasks.items() if _convolves(task)}
+    order = sorted(tasks, key=lambda h: h in convolving)  # stable: the partition's order otherwise
     worker.prepare([tasks[h].problem for h in order], ctx.backend,
-                   warm=("cudnn",) if ctx.backend == "cuda" and any(map(_convolves, tasks.values())) else ())
+                   warm=("cudnn",) if ctx.backend == "cuda" and convolving else ())
     by_hash = dict(zip(distinct, rows, strict=True))
     for n, h in enumerate(order):
         if progress:
             progress(len(distinct) - len(order) + n, len(distinct), "+".join(distinct[h].ops)[:60])
         measurer.table.results.setdefault(h, {}).update(transfers[h])  # an interrupted run's are not run again
         row = by_hash[h]
-        wanted = _candidates_wanted(tasks[h], row, count[h] * eager[h] / model_eager_s if model_eager_s else 1.0,
-                                    eager[h], ctx.backend, config)
+        share = count[h] * eager[h] / model_eager_s if model_eager_s else 1.0
+        wanted = _candidates_wanted(tasks[h], row, share, eager[h], ctx.backend, config)
         _transfer(distinct[h], tasks[h], row, ctx, store, measurer, search, config, stages, wanted)
     report.subgraphs.extend(rows)
     report.built_ahead = worker.settle()  # the worker builds nothing more: the parent times on the GPU from here

@@ -151,7 +151,7 @@ def _fill(space: RecipeSpace, near: Sequence[Neighbour], taken: Collection[Recip
     ]
     if explore and rank is None:
         sources.append(("random", lambda: random_recipes(space, wanted + len(taken), seed=seed)))
-    elif explore:
+    elif explore and rank is not None:
         sources.append(("model", lambda: _ranked(rank, random_recipes(space, POOL, seed=seed) if pool is None
                                                  else pool)))
     chosen: dict[Recipe, str] = {}

@@ -56,8 +56,9 @@ def graph_replay_seconds(
             step()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
+        stream = _cupy_stream(torch) if gated else None
         for _ in range(repeats):
-            with _gate(torch) if gated else contextlib.nullcontext():
+            with gate(stream) if stream is not None else contextlib.nullcontext():
                 start.record()
                 step()
                 end.record()
@@ -68,8 +69,8 @@ def graph_replay_seconds(
     return float(np.median(times))
 
 
-def _gate(torch: Any) -> contextlib.AbstractContextManager[None]:
-    """The gate (``transforms.gate``) on PyTorch's current stream, as the worker times its candidates."""
+def _cupy_stream(torch: Any) -> Any:
+    """PyTorch's current stream as CuPy's, for the gate (``transforms.gate``) the worker times its candidates behind."""
     import cupy
 
-    return gate(cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
