@@ -50,6 +50,7 @@ default recipe's kernel, measured). A layout step left eager is a view where no 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -81,8 +82,9 @@ from service.measure import MeasurementTable, Measurer, live_measurer
 from service.measurement_store import MeasurementStore
 from service.optimize_report import OptimizeReport, SubgraphReport
 from service.store import static_vector
-from service.transfer import Neighbour, neighbours, transfer_from
+from service.transfer import Neighbour, candidates, neighbours, transfer_from
 from service.whole_model import choose_runtime
+from transforms.build import Ahead
 from transforms.convolution import match_convolution
 from transforms.plan import LOAD, Parts, Plan, Step, Target, content_hash, fold_side, kernel_step, step_subgraph
 from transforms.plan_runtime import PlanModule
@@ -90,8 +92,8 @@ from transforms.recipe import Recipe, parse
 from transforms.results import RunResult
 from transforms.run import Worker
 from transforms.schedule import ScheduleError
-from transforms.space import default_recipe
-from transforms.tune import Task, make_task
+from transforms.space import RecipeSpace, default_recipe
+from transforms.tune import Task, compile_ahead, make_task
 
 ENCODER_PREFERENCE = ("learned", "static+profiled", "static")
 Progress = Callable[[int, int, str], None]  # (subgraphs done, distinct subgraphs, what is running)
@@ -202,14 +204,20 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     worker.prepare([tasks[h].problem for h in order], ctx.backend,
                    warm=("cudnn",) if ctx.backend == "cuda" and convolving else ())
     by_hash = dict(zip(distinct, rows, strict=True))
-    for n, h in enumerate(order):
-        if progress:
-            progress(len(distinct) - len(order) + n, len(distinct), "+".join(distinct[h].ops)[:60])
+    lookups = {}
+    for h in order:
         measurer.table.results.setdefault(h, {}).update(transfers[h])  # an interrupted run's are not run again
-        row = by_hash[h]
         share = count[h] * eager[h] / model_eager_s if model_eager_s else 1.0
-        wanted = _candidates_wanted(tasks[h], row, share, eager[h], ctx.backend, config)
-        _transfer(distinct[h], tasks[h], row, ctx, store, measurer, search, config, stages, wanted)
+        wanted = _candidates_wanted(tasks[h], by_hash[h], share, eager[h], ctx.backend, config)
+        lookups[h] = _neighbours(distinct[h], tasks[h], ctx, store, measurer, search, config, stages, wanted)
+    with Ahead(cache_dir=ctx.cache_dir, jobs=os.cpu_count() or 4) as ahead:
+        for h in order:
+            left = [r for r in lookups[h].candidates if str(r) not in measurer.table.results[h]]
+            compile_ahead(tasks[h], left, backend=ctx.backend, ahead=ahead, best_s=measurer.table.fastest(h))
+        for n, h in enumerate(order):
+            if progress:
+                progress(len(distinct) - len(order) + n, len(distinct), "+".join(distinct[h].ops)[:60])
+            _transfer(tasks[h], by_hash[h], lookups[h], ctx, store, measurer, config, stages)
     report.subgraphs.extend(rows)
     report.built_ahead = worker.settle()  # the worker builds nothing more: the parent times on the GPU from here
     if progress:
@@ -461,11 +469,26 @@ def _candidates_wanted(task: Task, row: SubgraphReport, share: float, eager_s: f
     return config.k
 
 
-def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context, store: MeasurementStore,
-              measurer: Measurer, search: _Search, config: OptimizeConfig, stages: _Stages, wanted: int) -> None:
+@dataclass
+class _Lookup:
+    """A subgraph to transfer: its neighbours (and the names of the devices that lent their recipes), its embedding,
+    and the candidates it tries (``service.transfer.candidates``) in the recipe space they come from."""
+
+    subgraph_id: int
+    near: list[Neighbour]
+    lenders: dict[int, str]
+    encoder: Encoder | None
+    vector: Any
+    space: RecipeSpace
+    candidates: dict[Recipe, str]
+    wanted: int
+
+
+def _neighbours(subgraph: Subgraph, task: Task, ctx: Context, store: MeasurementStore, measurer: Measurer,
+                search: _Search, config: OptimizeConfig, stages: _Stages, wanted: int) -> _Lookup:
+    """Look up ``subgraph``'s nearest neighbours and make its candidates: done for every subgraph before any is
+    measured, so that all their kernels compile ahead (``transforms.build.Ahead``) while the first ones run."""
     h = subgraph.structural_hash
-    subgraph_id, device_id = store.ids[h], store.device_id
-    row.source = "transfer"
     search.open()
     started = time.perf_counter()
     near: list[Neighbour] = []
@@ -474,19 +497,30 @@ def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context,
     if search.encoder is not None and search.index is not None:
         vector = search.encoder.encode(_features(search.encoder, task, subgraph, measurer, ctx))[0]
         with ctx.database.scope() as session:
-            near = neighbours(session, search.index, vector, task=task, device_id=device_id, k=config.k,
+            near = neighbours(session, search.index, vector, task=task, device_id=store.device_id, k=config.k,
                               backend=ctx.backend, exclude={h}, lenders=search.lenders)
             lent = {n.lent_by for n in near} - {None}
             if lent:  # another device of the class lent recipes: the report names it
                 names = dict(session.execute(select(Device.id, Device.name).where(Device.id.in_(lent))).tuples().all())
+    space = RecipeSpace(task.program, ctx.backend)
+    tried = candidates(space, near, wanted=wanted, seed=config.seed, fill=config.fill, library=True,
+                       explore=config.explore)
     stages.add("neighbours", started)
+    return _Lookup(store.ids[h], near, names, search.encoder, vector, space, tried, wanted)
+
+
+def _transfer(task: Task, row: SubgraphReport, found: _Lookup, ctx: Context, store: MeasurementStore,
+              measurer: Measurer, config: OptimizeConfig, stages: _Stages) -> None:
+    h, near, encoder, vector = row.structural_hash, found.near, found.encoder, found.vector
+    subgraph_id, device_id = found.subgraph_id, store.device_id
+    row.source = "transfer"
     started = time.perf_counter()
-    result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=wanted,
-                           fill=config.fill, seed=config.seed, library=True, explore=config.explore)
+    result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=found.wanted,
+                           fill=config.fill, seed=config.seed, library=True, explore=config.explore, space=found.space)
     eager_s = measurer.eager(task, h)
     stages.add("measure", started)
     row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe,
-                       "lent_by": names.get(n.lent_by)} for n in near]
+                       "lent_by": found.lenders.get(n.lent_by)} for n in near]
     row.candidates = [{"recipe": t.recipe, "origin": t.origin, "seconds": t.result.median_s if t.result.ok else None,
                        "error": None if t.result.ok else t.result.error_kind,
                        "message": None if t.result.ok else t.result.error} for t in result.tried]
@@ -501,9 +535,8 @@ def _transfer(subgraph: Subgraph, task: Task, row: SubgraphReport, ctx: Context,
     row.queued = nearest is None or nearest > config.far_distance
     store.baseline(task, result.default_s, eager_s)
     with ctx.database.scope() as session:
-        if math.isfinite(result.default_s) and search.encoder is not None and vector is not None:
-            add_embeddings(session, [EmbeddingIn(subgraph_id, device_id, search.encoder.name,
-                                                 search.encoder.version, vector)])
+        if math.isfinite(result.default_s) and encoder is not None and vector is not None:
+            add_embeddings(session, [EmbeddingIn(subgraph_id, device_id, encoder.name, encoder.version, vector)])
         if row.queued:
             request_crawl(session, subgraph_id=subgraph_id, device_id=device_id, distance=nearest)
 

@@ -182,27 +182,38 @@ def transfer_tune(task: Task, key: str, vector: np.ndarray, *, session: Session,
                          local_budget=local_budget, seed=seed, fill=fill, rank=rank)
 
 
-def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
-                  local_budget: int = 0, seed: int = 0, fill: bool = False, rank: Rank | None = None,
-                  pool: Sequence[Recipe] | None = None, library: bool = False, explore: bool = True
-                  ) -> TransferResult:
-    """Validate and time the default recipe and the neighbours' recipes (the nearest ``wanted`` distinct ones) on the
-    task, keep the fastest; with ``fill``, the neighbours' variants over the knobs they were stored without, then
-    vendor-ranked recipes, then (with ``explore``) random ones (with ``rank``: the best-ranked of ``pool``) make up the
-    ``wanted`` candidates the neighbours did not give. With ``library``, the space's vendor alternatives (a library call
-    in place of the generated kernel, e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give
-    (origin ``library``)."""
-    space = RecipeSpace(task.program, backend)
+def candidates(space: RecipeSpace, near: Sequence[Neighbour], *, wanted: int, seed: int = 0, fill: bool = False,
+               rank: Rank | None = None, pool: Sequence[Recipe] | None = None, library: bool = False,
+               explore: bool = True) -> dict[Recipe, str]:
+    """What :func:`transfer_from` tries first, in order, each with its origin: the space's default recipe, its
+    library alternatives (with ``library``), the nearest ``wanted`` distinct recipes of ``near``, and with ``fill``
+    what :func:`_fill` makes up of the ``wanted`` the neighbours did not give."""
     default = space.default
     libraries = [r for r in space.alternatives if r != default] if library else []
     given = [r for r in dict.fromkeys(parse(n.recipe) for n in near) if r != default and r not in libraries][:wanted]
     filled = (_fill(space, near, {default, *libraries, *given}, wanted - len(given), seed=seed, rank=rank, pool=pool,
                     explore=explore) if fill else {})
-    searcher = create("given_candidates", space, candidates=[default, *libraries, *given, *filled],
-                      local_budget=local_budget, seed=seed)
+    return ({default: "default"} | dict.fromkeys(libraries, "library") | dict.fromkeys(given, "neighbour")
+            | filled)
+
+
+def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
+                  local_budget: int = 0, seed: int = 0, fill: bool = False, rank: Rank | None = None,
+                  pool: Sequence[Recipe] | None = None, library: bool = False, explore: bool = True,
+                  space: RecipeSpace | None = None) -> TransferResult:
+    """Validate and time the default recipe and the neighbours' recipes (the nearest ``wanted`` distinct ones) on the
+    task, keep the fastest; with ``fill``, the neighbours' variants over the knobs they were stored without, then
+    vendor-ranked recipes, then (with ``explore``) random ones (with ``rank``: the best-ranked of ``pool``) make up the
+    ``wanted`` candidates the neighbours did not give. With ``library``, the space's vendor alternatives (a library call
+    in place of the generated kernel, e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give
+    (origin ``library``). ``space``: the task's recipe space on ``backend``, when the caller has made it."""
+    space = space or RecipeSpace(task.program, backend)
+    default = space.default
+    origins = candidates(space, near, wanted=wanted, seed=seed, fill=fill, rank=rank, pool=pool, library=library,
+                         explore=explore)
+    searcher = create("given_candidates", space, candidates=list(origins), local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)
-    origins = {r: "neighbour" for r in given} | filled | dict.fromkeys(libraries, "library") | {default: "default"}
     tried = tuple(Tried(str(r), m, origins.get(r, "local")) for r, m in searcher.history)
     winner: tuple[Recipe, RunResult] = searcher.best or (default, base)
     return TransferResult(tuple(near), tried, str(winner[0]), winner[1].score, base.score)

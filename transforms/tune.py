@@ -30,7 +30,7 @@ from embed.lower import lower
 from embed.partition import partition
 from embed.profile import work
 from embed.subgraph import Subgraph
-from transforms.build import Source, build_each
+from transforms.build import Ahead, Source, build_each
 from transforms.codegen import Kernel, generate
 from transforms.compilers import cuda
 from transforms.launch_bound import fewest_seconds
@@ -138,22 +138,13 @@ def evaluator(
     ``transforms.run.SLOWER_FACTOR``; on cuda one whose launch cannot come within that factor of it is not run:
     error kind "slow", ``transforms.launch_bound``; the default recipe, every subgraph's baseline, always runs)."""
     incumbent = best_s
-    flops = work(static_features(task.program))[0] if backend == "cuda" else 0.0
-    default = functools.cache(lambda: default_recipe(task.program, backend))  # made only for a candidate left out
-
-    def left_out(recipe: Recipe, made: Kernel | RunResult) -> Kernel | RunResult:
-        slow = out_of_reach(made, flops, incumbent) if isinstance(made, Kernel) else None
-        return made if slow is None or recipe == default() else slow
+    candidates = _Candidates(task, backend)
 
     def evaluate_recipes(recipes: list[Recipe]) -> list[RunResult]:
         nonlocal incumbent
-        made: list[Kernel | RunResult] = [k if isinstance(k, Kernel) else RunResult.failure("launch", k)
-                                          for k in kernels(task.program, recipes, backend)]
-        if backend == "cuda":
-            made = [left_out(r, k) for r, k in zip(recipes, made, strict=True)]
+        made = candidates.made(recipes, incumbent)
         ok = [k for k in made if isinstance(k, Kernel)]
-        arch = cuda.device_arch() if backend == "cuda" else ""  # machine code for the GPU the worker runs on
-        builds = build_each([Source(k.code, backend, arch=arch) for k in ok], cache_dir=cache_dir, jobs=jobs)
+        builds = build_each([candidates.source(k) for k in ok], cache_dir=cache_dir, jobs=jobs)
         # cuda: a candidate runs while the later ones compile (the GPU's timing does not feel the host's load); cpu:
         # every compile ends first, since compilers would take the cores the timed kernels run on
         built = builds if backend == "cuda" else iter(list(builds))
@@ -164,6 +155,43 @@ def evaluator(
         return [next(results) if isinstance(k, Kernel) else k for k in made]
 
     return evaluate_recipes
+
+
+def compile_ahead(task: Task, recipes: Sequence[Recipe], *, backend: str, ahead: Ahead, best_s: float = math.inf) \
+        -> None:
+    """Queue on ``ahead`` the sources an :func:`evaluator` of ``task`` with ``best_s`` will compile for ``recipes``
+    (those the launch bound leaves in), so that its build finds them compiled or compiling. On cuda only: on cpu the
+    compiles would take the cores the timed kernels run on."""
+    if backend != "cuda":
+        return
+    candidates = _Candidates(task, backend)
+    ahead.submit(candidates.source(k) for k in candidates.made(recipes, best_s) if isinstance(k, Kernel))
+
+
+class _Candidates:
+    """A task's recipes as the kernels an evaluator compiles, or the results of those it does not run."""
+
+    def __init__(self, task: Task, backend: str) -> None:
+        self.task, self.backend = task, backend
+        self.flops = work(static_features(task.program))[0] if backend == "cuda" else 0.0
+        self.default = functools.cache(lambda: default_recipe(task.program, backend))  # made only for one left out
+
+    def made(self, recipes: Sequence[Recipe], best_s: float) -> list[Kernel | RunResult]:
+        """Per recipe its kernel, or the failure to make one; on cuda a kernel whose launch cannot come near
+        ``best_s`` is left out as "slow" (:func:`out_of_reach`), but never the default recipe's."""
+        made: list[Kernel | RunResult] = [k if isinstance(k, Kernel) else RunResult.failure("launch", k)
+                                          for k in kernels(self.task.program, recipes, self.backend)]
+        if self.backend != "cuda":
+            return made
+        return [self._left_out(r, k, best_s) for r, k in zip(recipes, made, strict=True)]
+
+    def _left_out(self, recipe: Recipe, made: Kernel | RunResult, best_s: float) -> Kernel | RunResult:
+        slow = out_of_reach(made, self.flops, best_s) if isinstance(made, Kernel) else None
+        return made if slow is None or recipe == self.default() else slow
+
+    def source(self, kernel: Kernel) -> Source:
+        """What compiles ``kernel``: on cuda, machine code for the GPU the worker runs on."""
+        return Source(kernel.code, self.backend, arch=cuda.device_arch() if self.backend == "cuda" else "")
 
 
 def out_of_reach(kernel: Kernel, flops: float, best_s: float) -> RunResult | None:

@@ -389,8 +389,8 @@ def test_subgraphs_with_convolutions_are_transferred_last_and_reported_in_partit
 
     transferred, prepared = [], []
     transfer = service.optimize._transfer
-    monkeypatch.setattr(service.optimize, "_transfer", lambda subgraph, task, *a: transferred.append(
-        (subgraph.ops, task.problem)) or transfer(subgraph, task, *a))
+    monkeypatch.setattr(service.optimize, "_transfer", lambda task, row, *a: transferred.append(
+        (row.ops, task.problem)) or transfer(task, row, *a))
 
     class PreparingWorker(Worker):
         def prepare(self, problems, backend, **options):
@@ -404,3 +404,25 @@ def test_subgraphs_with_convolutions_are_transferred_last_and_reported_in_partit
     assert len(transferred) >= 2 and convolves[-1] and not any(convolves[:-1])  # the worker imports torch meanwhile
     assert len(prepared) == len(transferred) and all(p is q for p, (_, q) in zip(prepared, transferred, strict=True))
     assert "conv2d" in result.report.subgraphs[0].ops  # the report keeps the partition's order
+
+
+def test_every_subgraphs_candidates_are_queued_to_compile_before_the_first_is_measured(
+        ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.optimize
+
+    events = []
+    measure = service.optimize.transfer_from
+    monkeypatch.setattr(service.optimize, "compile_ahead", lambda task, recipes, **_: events.append(
+        ("ahead", task.key, [str(r) for r in recipes])))
+    monkeypatch.setattr(service.optimize, "transfer_from", lambda task, key, *a, **o: events.append(
+        ("measure", key, None)) or measure(task, key, *a, **o))
+    with Worker() as worker:
+        result = optimize(_graph(WithCumsum()), ctx, worker=worker,
+                          config=OptimizeConfig(time_model=False, explore=True, **FAST))
+    kinds = [kind for kind, _, _ in events]
+    transferred = [h for kind, h, _ in events if kind == "measure"]
+    assert len(transferred) >= 2 and kinds == ["ahead"] * len(transferred) + ["measure"] * len(transferred)
+    assert [h for kind, h, _ in events if kind == "ahead"] == transferred  # queued in the order they are measured
+    tried = {row.structural_hash: [c["recipe"] for c in row.candidates] for row in result.report.subgraphs}
+    for _, h, recipes in events[:len(transferred)]:
+        assert recipes == tried[h]  # what compiles ahead is what is then tried

@@ -106,3 +106,36 @@ def test_device_arch_is_a_cubin_target_only_for_a_gpu_nvrtc_supports(monkeypatch
         cuda.device_arch.cache_clear()
         assert cuda.device_arch() == expected
     cuda.device_arch.cache_clear()
+
+
+def test_a_build_of_what_another_thread_is_building_waits_for_it_and_shares_its_result(tmp_path):
+    import threading
+    import time
+
+    from transforms.compilers.cache import cached_build
+
+    building, release, produced, results = threading.Event(), threading.Event(), [], {}
+
+    def produce(workdir: Path) -> Path:
+        produced.append(threading.current_thread().name)
+        building.set()
+        release.wait(5)
+        (workdir / "artifact.bin").write_bytes(b"built once")
+        return workdir / "artifact.bin"
+
+    def build(name: str) -> None:
+        results[name] = cached_build(backend="cpu", cache_dir=tmp_path, key=("same",), suffix=".bin", produce=produce)
+
+    first = threading.Thread(target=build, args=("first",), name="first")
+    first.start()
+    assert building.wait(5)
+    second = threading.Thread(target=build, args=("second",), name="second")
+    second.start()
+    time.sleep(0.3)  # the second build asks while the first one's compile is under way
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert produced == ["first"]
+    assert results["first"].ok and not results["first"].cached
+    assert results["second"].artifact == results["first"].artifact and results["second"].cached
+    assert Path(results["first"].artifact).read_bytes() == b"built once"

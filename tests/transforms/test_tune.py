@@ -120,3 +120,44 @@ def test_eager_is_timed_on_the_values_a_candidate_is_checked_on(monkeypatch):
     for name, values in want.items():
         assert seen[name].dtype == TORCH_DTYPES[task.graph.tensors[name].dtype]
         np.testing.assert_array_equal(seen[name].to(torch.float64).numpy(), values)
+
+
+def _compiled_by_the_evaluator(task, recipes, backend: str, best_s: float, tmp_path: Path, monkeypatch) -> list:
+    """(code, arch) of each source the evaluator compiles for ``recipes`` (compiles fail, so nothing runs)."""
+    compiled = []
+
+    def compile_fake(code, **options):
+        compiled.append((code, options.get("arch", "")))
+        return BuildResult(backend, error_kind="compile", error="not compiled in this test")
+
+    monkeypatch.setitem(build.COMPILERS, backend, compile_fake)
+    evaluator(task, backend=backend, cache_dir=tmp_path, best_s=best_s)(recipes)
+    return compiled
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.sources = []
+
+    def submit(self, sources) -> None:
+        self.sources.extend(sources)
+
+
+def test_compile_ahead_queues_the_sources_the_evaluator_then_compiles(tmp_path: Path, monkeypatch) -> None:
+    task = make_task(tasks_of(_graph())[0].graph)
+    space = RecipeSpace(task.program, "cuda")
+    rng = random.Random(1)
+    recipes = list(dict.fromkeys([space.default, *(space.sample(rng) for _ in range(40))]))[:6]
+    for best_s in (math.inf, 1e-9):  # at 1 ns known, the launch bound leaves out every recipe but the default
+        queue = _Queue()
+        tune_module.compile_ahead(task, recipes, backend="cuda", ahead=queue, best_s=best_s)
+        compiled = _compiled_by_the_evaluator(task, recipes, "cuda", best_s, tmp_path, monkeypatch)
+        assert [(s.code, s.arch) for s in queue.sources] == compiled
+        assert len(compiled) == (len(recipes) if best_s == math.inf else 1)
+
+
+def test_nothing_compiles_ahead_on_cpu(tmp_path: Path) -> None:
+    task = make_task(tasks_of(_graph())[0].graph)
+    queue = _Queue()
+    tune_module.compile_ahead(task, [RecipeSpace(task.program, "cpu").default], backend="cpu", ahead=queue)
+    assert queue.sources == []

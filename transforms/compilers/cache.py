@@ -3,7 +3,9 @@
 Each artifact ``<sha256 of key><suffix>`` has a sidecar ``<artifact>.sha256`` holding the digest of its bytes, written
 after it. An entry whose bytes do not match (truncated, replaced, or written before digests existed) is rebuilt, so
 a broken cache is never taken for a failed compile. The cache folders are private (0700); the temporary build
-folders a killed process leaves behind are removed by the next process that builds there.
+folders a killed process leaves behind are removed by the next process that builds there. Within a process, a build
+of an artifact another thread is building waits for that build and shares its result (``transforms.build.Ahead``
+compiles candidates before they are asked for).
 """
 
 import hashlib
@@ -11,8 +13,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 from transforms.results import BuildResult, ErrorKind
@@ -39,14 +44,41 @@ def cached_build(
     """Return the cached artifact for ``key`` or call ``produce(workdir) -> artifact`` and store its output.
 
     The artifact is ``cache_dir/<backend>/<sha256 of key><suffix>``, written atomically. Compiler messages
-    have the temporary work directory stripped from them.
+    have the temporary work directory stripped from them. While another thread builds the same artifact, this call
+    waits for it and returns its result (``cached`` when it built).
     """
     start = time.perf_counter()
     digest = hashlib.sha256("\0".join(key).encode()).hexdigest()
     target = Path(cache_dir) / backend / f"{digest}{suffix}"
     if verified(target):
         return BuildResult(backend, artifact=str(target), seconds=time.perf_counter() - start, cached=True)
-    folder = private_folder(Path(cache_dir), backend)
+    with _flights_lock:
+        flight, owner = _flights.get(target), target not in _flights
+        if owner:
+            flight = _flights[target] = Future()
+    assert flight is not None
+    if not owner:  # another thread builds it: its result, as a cached one
+        shared = flight.result()
+        return replace(shared, seconds=time.perf_counter() - start, cached=shared.ok)
+    try:
+        result = _build(backend, Path(cache_dir), target, produce, start)
+        flight.set_result(result)
+        return result
+    except BaseException as e:
+        flight.set_exception(e)
+        raise
+    finally:
+        with _flights_lock:
+            del _flights[target]
+
+
+#: Artifacts a thread of this process is building, each with the result its waiters get.
+_flights: dict[Path, "Future[BuildResult]"] = {}
+_flights_lock = threading.Lock()
+
+
+def _build(backend: str, cache_dir: Path, target: Path, produce: Callable[[Path], Path], start: float) -> BuildResult:
+    folder = private_folder(cache_dir, backend)
     with tempfile.TemporaryDirectory(dir=folder, prefix=f"{_BUILD_PREFIX}{os.getpid()}-") as workdir:
         try:
             artifact = produce(Path(workdir))
