@@ -1,6 +1,6 @@
 """The device kernels are timed on: identity, class and measured peaks (memory bandwidth, flop rate).
 
-cpu: a NumPy copy of 256 MiB and a float32 matmul (BLAS, all cores). cuda: a CuPy device-to-device copy of
+cpu: a NumPy copy of 256 MiB and a float32 matmul (BLAS, all cores). cuda: a PyTorch device-to-device copy of
 1 GiB and an fp16 matmul, with the SM count and L2 size from the device properties.
 """
 
@@ -62,23 +62,30 @@ def cpu_device(*, repeats: int = 3) -> DeviceSpec:
 
 
 def cuda_device(*, repeats: int = 5) -> DeviceSpec:
-    """GPU 0, with its bandwidth and fp16 peak measured now (needs CuPy and a GPU)."""
-    import cupy
+    """GPU 0, with its bandwidth and fp16 peak measured now (needs a GPU PyTorch can see). Measured with PyTorch, whose
+    kernels are compiled ahead: CuPy's fill and copy compile at first use (0.3-0.45 s on a machine's first optimize)."""
+    import torch
 
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    sync = cupy.cuda.Device(0).synchronize
-    src = cupy.ones(2**27, dtype=cupy.float64)  # 1 GiB
-    dst = cupy.empty_like(src)
-    copy_s = _best_seconds(lambda: dst.__setitem__(slice(None), src), repeats, sync)
-    a = cupy.ones((8192, 8192), dtype=cupy.float16)
-    matmul_s = _best_seconds(lambda: a @ a, repeats, sync)
-    arch = f"sm_{props['major']}{props['minor']}"
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    props = torch.cuda.get_device_properties(0)
+    bandwidth_gbps, peak_gflops = _cuda_peaks(repeats)
+    torch.cuda.empty_cache()  # the 2.3 GiB measured on go back to the device
+    arch = f"sm_{props.major}{props.minor}"
     return DeviceSpec(
-        name=f"cuda:{name}", device_class=f"cuda:{arch}", arch=arch,
-        bandwidth_gbps=2 * src.nbytes / copy_s / 1e9, peak_gflops=2 * 8192**3 / matmul_s / 1e9,
-        compute_units=int(props["multiProcessorCount"]), l2_bytes=int(props["l2CacheSize"]),
+        name=f"cuda:{props.name}", device_class=f"cuda:{arch}", arch=arch, bandwidth_gbps=bandwidth_gbps,
+        peak_gflops=peak_gflops, compute_units=props.multi_processor_count, l2_bytes=props.L2_cache_size,
     )
+
+
+def _cuda_peaks(repeats: int) -> tuple[float, float]:
+    """(GB/s of a device-to-device copy of 1 GiB, GFLOP/s of an 8192^3 fp16 matmul) on GPU 0."""
+    import torch
+
+    src = torch.ones(2**27, dtype=torch.float64, device="cuda")
+    dst = torch.empty_like(src)
+    copy_s = _best_seconds(lambda: dst.copy_(src), repeats, torch.cuda.synchronize)
+    a = torch.ones((8192, 8192), dtype=torch.float16, device="cuda")
+    matmul_s = _best_seconds(lambda: a @ a, repeats, torch.cuda.synchronize)
+    return 2 * src.numel() * src.element_size() / copy_s / 1e9, 2 * 8192**3 / matmul_s / 1e9
 
 
 @functools.cache

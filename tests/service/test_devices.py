@@ -1,6 +1,10 @@
 """service.devices: the toolchain id stored with every measurement and baseline fits the database's columns (a longer
 one is refused by PostgreSQL, while SQLite stores it silently)."""
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,9 +12,11 @@ import pytest
 
 from db.models import Baseline, Measurement
 from service.devices import toolchain
+from tests.gpu import needs_gpu
 from transforms import codegen
 from transforms.compilers import cpu
 
+ROOT = Path(__file__).resolve().parents[2]
 COLUMN = min(Measurement.__table__.c.toolchain.type.length, Baseline.__table__.c.toolchain.type.length)
 
 
@@ -82,3 +88,23 @@ def test_the_device_is_measured_once_a_process(monkeypatch: pytest.MonkeyPatch) 
             service.devices.detect_device("tpu")
     finally:
         service.devices.detect_device.cache_clear()
+
+
+@needs_gpu
+def test_the_gpus_peaks_are_measured_without_compiling_a_cupy_kernel(tmp_path: Path) -> None:
+    # in a process of its own, on an empty CuPy kernel cache: a kernel CuPy compiled would be written there
+    measure = ("from service.devices import cuda_device; import dataclasses, json; print("
+               "json.dumps(dataclasses.asdict(cuda_device(repeats=2))))")
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "CUPY_CACHE_DIR": str(tmp_path / "cupy"), "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not any(p.is_file() for p in (tmp_path / "cupy").rglob("*"))
+    spec = json.loads(done.stdout.strip().splitlines()[-1])
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    assert spec["name"] == f"cuda:{props['name'].decode()}" and spec["l2_bytes"] == props["l2CacheSize"]
+    assert spec["compute_units"] == props["multiProcessorCount"]
+    # an H100 / H200 copies at 2-5 TB/s and multiplies fp16 at 300-1000 TFLOP/s dense
+    assert 1_000 < spec["bandwidth_gbps"] < 6_000 and 200_000 < spec["peak_gflops"] < 1_200_000
