@@ -112,8 +112,10 @@ def test_tf32_convolution_is_offered_and_validated_as_eager_convolves() -> None:
     tolerance = {r: task.problem.tolerances([Launch.from_json(x) for x in launches[r]]) for r in (tf32, plain)}
     (out,) = tolerance[plain]
     assert tolerance[tf32][out] == pytest.approx(100 * tolerance[plain][out])  # float16's 1e-2 for float32's 1e-4
+    assert plain not in RecipeSpace(program, "cuda").alternatives  # cuDNN's search in eager's precision only
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # a user who turned TF32 off
         assert tf32 not in RecipeSpace(program, "cuda").alternatives
+        assert plain in RecipeSpace(program, "cuda").alternatives
         with pytest.raises(ScheduleError, match="TF32 is off"):
             kernel_step(conv, str(tf32), "cuda")
 
@@ -191,7 +193,7 @@ def test_cudnn_heuristic_convolution_applies_but_is_not_offered() -> None:
     space = RecipeSpace(make_task(conv).program, "cuda")
     heuristic = parse("conv(cudnn,default)")
     offered = [str(r) for r in space.vendor_ranked() if str(r).startswith("conv(")]
-    assert offered == ["conv(cudnn,benchmark)", "conv(cudnn,benchmark,tf32)"]  # conv(torch): cpu's only
+    assert offered == ["conv(cudnn,benchmark,tf32)"]  # the search in eager's precision; conv(torch): cpu's only
     assert heuristic not in space.alternatives and parse("conv(torch)") not in space.alternatives
     assert kernel_step(conv, "conv(torch)", "cuda").launches  # still applies: plans and databases hold it
     launch = kernel_step(conv, "conv(cudnn,default)", "cuda").launches[0]
@@ -199,4 +201,4 @@ def test_cudnn_heuristic_convolution_applies_but_is_not_offered() -> None:
     with pytest.raises(ScheduleError, match="use one of .*conv\\(cudnn,default\\)"):
         kernel_step(conv, "conv(cudnn,fastest)", "cuda")
     # a neighbour that stored it lends cuDNN's searched plan, the one a run after the search gets anyway
-    assert adapt(heuristic, make_task(conv).program, "cuda")[0] == parse("conv(cudnn,benchmark)")
+    assert adapt(heuristic, make_task(conv).program, "cuda")[0] == parse("conv(cudnn,benchmark,tf32)")
