@@ -165,7 +165,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     bound to ``params`` (random weights when not given) and timed whole on ``inputs`` (random when not given)
     against ``reference`` (the user's own module; by default the graph run eagerly)."""
     check_schema(ctx.database.engine)
-    worker.warm(_worker_loads(graph, ctx.backend))  # its imports overlap the partition, lookups and eager timings
+    worker.warm(worker_loads(ctx.backend, graph))  # its loads overlap the partition, lookups and eager timings
     stages = _Stages()
     started = time.perf_counter()
     parts = partition_nodes(graph)
@@ -256,12 +256,14 @@ def _convolves(task: Task) -> bool:
     return any(nest.op == "conv2d" for nest in task.program.nests)
 
 
-def _worker_loads(graph: Graph, backend: str) -> tuple[str, ...]:
-    """What the worker imports ahead (``transforms.worker.LOADS``): on cuda what it builds problems with, and torch
-    for a model with convolutions (cuDNN's trials run through it)."""
+def worker_loads(backend: str, graph: Graph | None = None) -> tuple[str, ...]:
+    """What the worker loads ahead (``transforms.worker.LOADS``): on cuda CuPy and the CUDA context, what it builds
+    problems with, and torch for a ``graph`` with convolutions (cuDNN's trials run through it); nothing on cpu, whose
+    trials are timed by the wall clock beside whatever holds the interpreter."""
     if backend != "cuda":
         return ()
-    return ("problems", "torch") if any(node.op == "conv2d" for node in graph.nodes) else ("problems",)
+    convolves = graph is not None and any(node.op == "conv2d" for node in graph.nodes)
+    return ("cuda", "problems", "torch") if convolves else ("cuda", "problems")
 
 
 class _Kernels:

@@ -77,6 +77,11 @@ def _kernels() -> dict[str, Any]:
     return {name: module.get_function(name) for name in names}
 
 
+def warm() -> None:
+    """Compile the module's kernels now, not in the first check (once a process; on a fresh machine a compile)."""
+    _kernels()
+
+
 def tally(output: Any, reference: Any, floor_fraction: float, normal: float) -> tuple[float, int, int]:
     """``transforms.worker.tally`` of a CuPy ``output`` and its CuPy ``reference`` (same shape), computed in the
     reference's dtype when both are float32 or both float64, else in float64."""

@@ -335,7 +335,8 @@ class Worker:
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         self._saved: dict[int, tuple[weakref.ref[Problem], Path]] = {}
         self._ready = False
-        self._owed = 0  # acknowledgements of prepare messages not read yet
+        self._owed = 0  # acknowledgements of prepare and load messages not read yet
+        self._loads: set[str] = set()  # what the process was told to load
         self.starts = self.saves = self.ahead = 0
 
     def __enter__(self) -> "Worker":
@@ -393,10 +394,12 @@ class Worker:
                 self._stop()
         return self.ahead
 
-    def _send(self, message: dict[str, Any]) -> bool:
-        """Send a ``prepare`` message, whose acknowledgement is read before the next reply; whether it went."""
+    def _send(self, message: dict[str, Any], *, started: bool = False) -> bool:
+        """Send a ``prepare`` or ``load`` message, whose acknowledgement is read before the next reply; whether it
+        went. ``started``: to the process there is, without waiting for it to be ready."""
         try:
-            self._start()
+            if not started:
+                self._start()
             assert self._proc is not None and self._proc.stdin is not None
             self._proc.stdin.write(json.dumps(message).encode() + b"\n")
             self._proc.stdin.flush()
@@ -409,7 +412,7 @@ class Worker:
         return True
 
     def _acknowledged(self, timeout_s: float) -> None:
-        """Read the acknowledgements of the ``prepare`` messages sent."""
+        """Read the acknowledgements of the ``prepare`` and ``load`` messages sent."""
         while self._owed:
             self.ahead = int(self._read(timeout_s)["ahead"])
             self._owed -= 1
@@ -442,11 +445,15 @@ class Worker:
         self._lines = None
 
     def warm(self, load: Sequence[str] = ()) -> None:
-        """Start the worker process now without waiting for it: its imports, and the modules named in ``load``
+        """Start the worker process now without waiting for it: its imports, and what ``load`` names
         (``transforms.worker.LOADS``), overlap the caller's own work until the first trial, which waits for it to be
-        ready. A worker already started keeps what it has (it imports the rest when a trial needs it)."""
+        ready. A worker already started is told to load what it was not told before (a ``load`` message)."""
         if self._proc is None:
             self._spawn(load)
+            return
+        more = [name for name in load if name not in self._loads]
+        if more and self._send({"load": more}, started=True):
+            self._loads.update(more)
 
     def _spawn(self, load: Sequence[str] = ()) -> None:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed in close())
@@ -458,6 +465,7 @@ class Worker:
         self._lines = JsonLines(self._proc.stdout.fileno())
         self.starts += 1
         self._ready = False
+        self._loads = set(load)
 
     def _start(self) -> None:
         """A worker ready for a trial: spawned if there is none, its ready line read if not yet."""

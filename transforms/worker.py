@@ -491,12 +491,24 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
 
 #: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
 WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
-#: What a worker can be told to import as it starts (``Worker.warm``), in order, on a thread (:func:`_load`): host
-#: work, which overlaps the caller's own and the problems the worker builds ahead. ``problems``: what a problem sent
-#: as a spec is built with; ``torch``: what a library convolution's trials need (1.5-2.8 s on an H200 machine), which
-#: wait for the imports to end. The other trials run beside them, timed behind the gate: ungated, the import held the
-#: interpreter between a CUDA event and a launch (a 55 us GEMM timed at 316 us, a 23 us kernel's first call at 5.3 ms).
-LOADS: dict[str, str] = {"problems": "transforms.problem", "torch": "torch"}
+def _open_cuda() -> None:
+    """CuPy imported, the CUDA context made and the output check's kernels compiled: what a worker's first cuda trial
+    or problem otherwise waits for (a second or more on a fresh machine)."""
+    import cupy
+
+    cupy.cuda.Device(0).synchronize()
+    device_check.warm()
+
+
+#: What a worker can be told to load as it starts (``Worker.warm``), or later (a ``load`` message), in order, on a
+#: thread (:func:`_load`): host work, which overlaps the caller's own and the problems the worker builds ahead.
+#: ``cuda``: CuPy and the CUDA context (:func:`_open_cuda`); ``problems``: what a problem sent as a spec is built with;
+#: ``torch``: what a library convolution's trials need (1.5-2.8 s on an H200 machine), which wait for the loads to end.
+#: The other trials run beside them, timed behind the gate: ungated, the import held the interpreter between a CUDA
+#: event and a launch (a 55 us GEMM timed at 316 us, a 23 us kernel's first call at 5.3 ms).
+LOADS: dict[str, Callable[[], object]] = {"cuda": _open_cuda,
+                                          "problems": lambda: importlib.import_module("transforms.problem"),
+                                          "torch": lambda: importlib.import_module("torch")}
 #: How long an idle worker waits for a message before it looks again whether its imports have ended (it warms the
 #: libraries only then: a warm-up that imported torch itself would hold the worker until the import ends).
 LOADING_POLL_S = 0.05
@@ -516,12 +528,31 @@ def _warm(name: str) -> None:
 
 
 def _load(names: Sequence[str]) -> None:
-    """Import the modules ``names`` name (:data:`LOADS`). An import that fails fails again in the trial that needs
-    it, which reports it."""
+    """Load what ``names`` name (:data:`LOADS`). A load that fails fails again in the trial that needs it, which
+    reports it."""
     for name in names:
         if name in LOADS:
             with contextlib.suppress(Exception):
-                importlib.import_module(LOADS[name])
+                LOADS[name]()
+
+
+class Loads:
+    """The loads under way: the one the worker was started with, and those ``load`` messages started since."""
+
+    def __init__(self, first: Loading | None) -> None:
+        self.threads: list[Loading] = [first] if first is not None else []
+
+    def start(self, names: Sequence[str]) -> None:
+        thread = threading.Thread(target=_load, args=(names,))
+        thread.start()
+        self.threads.append(thread)
+
+    def is_alive(self) -> bool:
+        return any(thread.is_alive() for thread in self.threads)
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join()
 
 
 #: Problems built ahead of their first trial that the worker holds at most (each keeps its arrays on the device).
@@ -605,14 +636,16 @@ def main() -> None:
 
 
 def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *, loading: Loading | None = None) -> None:
-    """Answer each message of ``lines``; while none waits, build the prepared problems, then, once the imports
-    ``loading`` runs have ended, warm the libraries the last ``prepare`` named (each once). A trial of a library
-    routine run through PyTorch waits for those imports (:data:`LOADS`, :func:`_waits_for_imports`)."""
+    """Answer each message of ``lines``; while none waits, build the prepared problems, then, once the loads
+    (``loading``, and those ``load`` messages start) have ended, warm the libraries the last ``prepare`` named (each
+    once). A trial of a library routine run through PyTorch waits for the loads (:data:`LOADS`,
+    :func:`_waits_for_imports`)."""
     problems = Problems()
+    loads = Loads(loading)
     warming: list[str] = []
     warmed: set[str] = set()
     while not lines.closed:
-        warm_now = bool(warming) and (loading is None or not loading.is_alive())
+        warm_now = bool(warming) and not loads.is_alive()
         message = lines.next(0 if problems.pending() or warm_now else LOADING_POLL_S if warming else None)
         if message is None:
             if problems.pending():
@@ -626,14 +659,18 @@ def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *, loading:
             warmed.update(warming)
             reply({"ahead": problems.ahead})
             continue
+        if "load" in message:
+            loads.start([name for name in message["load"] if name in LOADS])
+            reply({"ahead": problems.ahead})
+            continue
         try:
             problem = problems.get(message["problem"], message["backend"])
         except Exception as e:  # a missing file, a bad spec, a GPU out of memory: this trial's result
             failure = RunResult.failure("launch", f"cannot load the problem: {type(e).__name__}: {e}")
             reply({**failure.to_json(), "fatal": False})
             continue
-        if loading is not None and _waits_for_imports(message):
-            loading.join()
+        if _waits_for_imports(message):
+            loads.join()
         result, fatal = execute(message, problem)
         reply({**result.to_json(), "fatal": fatal})
         if fatal:

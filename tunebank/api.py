@@ -25,7 +25,7 @@ from db.session import Database
 from embed.importers import import_module, load_model
 from embed.ir import Graph
 from service.embeddings import EncoderStore
-from service.optimize import Context, OptimizeConfig, Optimized, Progress
+from service.optimize import Context, OptimizeConfig, Optimized, Progress, worker_loads
 from service.optimize import optimize as optimize_graph
 from service.weights import ModelSpec, decode_weights, encode_weights, model_weights, named_tensors
 from transforms.backends import resolve_backend
@@ -71,20 +71,22 @@ def optimize(model: ModelSpec, example_inputs: Sequence[torch.Tensor] | None = N
              params: dict[str, torch.Tensor] | None = None, **options: Any) -> Optimized:
     """Optimize ``model`` on this machine: see ``service.optimize``. ``params``: the weights by graph name (by
     default the model's own, :func:`model_weights`); ``options``: other ``OptimizeConfig`` fields."""
-    graph = import_model(model, example_inputs)
-    params = params if params is not None else model_weights(model, graph)
     config = OptimizeConfig(k=k, margin=margin, time_model=time_model, **options)
-    ctx = context(settings, backend=backend)
-    device = torch.device("cuda" if ctx.backend == "cuda" else "cpu")
-    inputs = [t.to(device) for t in example_inputs] if example_inputs is not None else None
-    if params is not None:
-        params = {n: t.to(device) for n, t in params.items()}
-    try:
-        with Worker() as worker:
+    backend = resolve_backend(backend)
+    with Worker() as worker:
+        worker.warm(worker_loads(backend))  # the worker starts while the model is captured and the database opened
+        graph = import_model(model, example_inputs)
+        params = params if params is not None else model_weights(model, graph)
+        ctx = context(settings, backend=backend)
+        device = torch.device("cuda" if ctx.backend == "cuda" else "cpu")
+        inputs = [t.to(device) for t in example_inputs] if example_inputs is not None else None
+        if params is not None:
+            params = {n: t.to(device) for n, t in params.items()}
+        try:
             return optimize_graph(graph, ctx, worker=worker, config=config, params=params, inputs=inputs,
                                   reference=reference, progress=progress, name=_name(model, graph))
-    finally:
-        ctx.database.dispose()
+        finally:
+            ctx.database.dispose()
 
 
 def _name(model: ModelSpec, graph: Graph) -> str:

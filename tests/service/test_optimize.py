@@ -426,3 +426,12 @@ def test_every_subgraphs_candidates_are_queued_to_compile_before_the_first_is_me
     tried = {row.structural_hash: [c["recipe"] for c in row.candidates] for row in result.report.subgraphs}
     for _, h, recipes in events[:len(transferred)]:
         assert recipes == tried[h]  # what compiles ahead is what is then tried
+
+
+def test_the_worker_loads_cupy_and_the_problem_builder_on_cuda_torch_for_convolutions_and_nothing_on_cpu() -> None:
+    from service.optimize import worker_loads
+
+    convolving = import_module(ConvThenLinear().eval(), (torch.randn(2, 3, 6, 6),))
+    assert worker_loads("cuda") == worker_loads("cuda", _graph(WithCumsum())) == ("cuda", "problems")
+    assert worker_loads("cuda", convolving) == ("cuda", "problems", "torch")
+    assert worker_loads("cpu") == worker_loads("cpu", convolving) == ()

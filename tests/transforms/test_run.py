@@ -96,11 +96,16 @@ def test_failing_kernels_get_their_error_kind(built, problem, worker, name, kind
     assert result.median_s == float("inf")
 
 
-def test_a_worker_told_what_to_import_runs_its_trials(built, problem):
+def test_a_worker_told_what_to_import_runs_its_trials(built, problem, monkeypatch):
     with Worker() as w:
         w.warm(load=("problems",))  # imported as the process starts
         assert run([trial(built, problem, "correct")], worker=w, warmup=1, repeats=3)[0].ok
-        w.warm(load=("problems",))  # a started worker keeps its process
+        sent = []
+        send = w._send
+        monkeypatch.setattr(w, "_send", lambda message, **options: sent.append(message) or send(message, **options))
+        w.warm(load=("problems", "torch"))  # a started worker keeps its process, told to load what is new to it
+        w.warm(load=("torch",))
+        assert sent == [{"load": ["torch"]}]
         assert run([trial(built, problem, "correct")], worker=w, warmup=1, repeats=3)[0].ok and w.starts == 1
 
 

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.gpu import needs_gpu
 from transforms import worker
 from transforms.results import RunResult
 from transforms.run import Buffer, Launch, Scalar
@@ -243,13 +245,37 @@ def test_a_worker_process_imports_what_its_arguments_name(names: list[str]) -> N
     assert done.stderr.endswith(f"loaded {bool(names)}")  # served until stdin closed, having imported it first
 
 
-def test_a_worker_imports_the_modules_it_is_started_with(monkeypatch):
+def test_a_worker_loads_what_it_is_started_with(monkeypatch):
     events = []
-    monkeypatch.setattr(worker, "LOADS", {"lib": "some.module"})
     monkeypatch.setattr(worker, "importlib",
                         SimpleNamespace(import_module=lambda name: events.append(f"import {name}")))
-    worker._load(["lib", "unknown"])
-    assert events == ["import some.module"]  # an unknown name is no module
+    monkeypatch.setitem(worker.LOADS, "lib", lambda: events.append("load lib"))
+    worker._load(["problems", "lib", "unknown"])
+    assert events == ["import transforms.problem", "load lib"]  # an unknown name loads nothing
+
+
+def test_a_load_message_loads_on_a_thread_while_the_worker_answers_and_torch_trials_wait_for_it(monkeypatch):
+    events, release = [], threading.Event()
+
+    def load_slowly():
+        release.wait(5)
+        events.append("loaded lib")
+
+    monkeypatch.setitem(worker.LOADS, "lib", load_slowly)
+    monkeypatch.setattr(worker.LoadedProblem, "open_steps", staticmethod(lambda source, xp: built_in_one_step(
+        source, events)))
+    monkeypatch.setattr(worker, "execute", lambda message, problem: (events.append("trial") or (
+        RunResult(ok=True, median_s=1e-5), False)))
+    generated = {"problem": "p0", "backend": "cpu", "launches": [{"entry": "k", "library": ""}]}
+    cudnn = {"problem": "p0", "backend": "cpu", "launches": [{"entry": "c", "library": "cudnn_conv"}]}
+
+    def reply(data):
+        events.append(data.get("ok", data))
+        if data.get("ok"):
+            release.set()  # the load ends once a trial has run beside it
+
+    worker.serve(ScriptedLines([{"load": ["lib", "unknown"]}, generated, cudnn], events), reply)
+    assert events == [{"ahead": 0}, "build p0", "trial", True, "loaded lib", "trial", True]
 
 
 class ScriptedLoading:
@@ -290,7 +316,7 @@ SLOW_IMPORT = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import transforms.worker as worker
-worker.LOADS["slow"] = "slow_module"
+worker.LOADS["slow"] = lambda: __import__("slow_module")
 sys.argv = ["transforms.worker", "slow"]
 started = time.perf_counter()
 worker.main()
@@ -313,3 +339,12 @@ def test_a_worker_process_answers_while_it_imports_what_it_was_started_with(tmp_
     assert worker_process.wait(timeout=60) == 0
     done = json.loads(worker_process.stderr.read().splitlines()[-1])
     assert answered_s < 1.5 and done["loaded"] and done["s"] >= 3  # answered during the import, exited after it
+
+
+@needs_gpu
+def test_the_cuda_load_leaves_the_context_made_and_the_checks_kernels_compiled() -> None:
+    from transforms import device_check
+
+    device_check._kernels.cache_clear()
+    worker._load(["cuda"])
+    assert device_check._kernels.cache_info().currsize == 1

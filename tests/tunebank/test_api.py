@@ -157,3 +157,23 @@ def test_torch_compile_backend_is_registered_and_matches_eager(data_dir: Path, m
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     with sqlite3.connect(data_dir / "tunebank.db") as conn:  # the captured graph was optimized, not passed through
         assert conn.execute("SELECT count(*) FROM models WHERE name LIKE 'GraphModule%'").fetchone()[0] >= 1
+
+
+def test_optimize_starts_its_worker_before_it_captures_the_model(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import tunebank.api
+
+    events = []
+
+    class RecordingWorker(tunebank.api.Worker):
+        def warm(self, load=()):  # noqa: ANN001
+            events.append(("warm", self._proc is None))
+            super().warm(load)
+
+    capture = tunebank.api.import_model
+    monkeypatch.setattr(tunebank.api, "Worker", RecordingWorker)
+    monkeypatch.setattr(tunebank.api, "import_model", lambda *a, **o: events.append(("capture", None)) or capture(
+        *a, **o))
+    tunebank.optimize(Block().eval(), (torch.randn(8, 32),), time_model=False, settings=Settings(data_dir=tmp_path),
+                      **FAST)
+    assert events[:2] == [("warm", True), ("capture", None)]  # the process started first, then the capture
