@@ -165,7 +165,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     bound to ``params`` (random weights when not given) and timed whole on ``inputs`` (random when not given)
     against ``reference`` (the user's own module; by default the graph run eagerly)."""
     check_schema(ctx.database.engine)
-    worker.warm(worker_loads(ctx.backend, graph))  # its loads overlap the partition, lookups and eager timings
+    worker.warm(worker_loads(ctx.backend, convolves(graph)))  # loads beside the partition, lookups and eager timings
     stages = _Stages()
     started = time.perf_counter()
     parts = partition_nodes(graph)
@@ -256,14 +256,18 @@ def _convolves(task: Task) -> bool:
     return any(nest.op == "conv2d" for nest in task.program.nests)
 
 
-def worker_loads(backend: str, graph: Graph | None = None) -> tuple[str, ...]:
+def worker_loads(backend: str, convolves: bool = False) -> tuple[str, ...]:
     """What the worker loads ahead (``transforms.worker.LOADS``): on cuda CuPy and the CUDA context, what it builds
-    problems with, and torch for a ``graph`` with convolutions (cuDNN's trials run through it); nothing on cpu, whose
+    problems with, and torch for a model that ``convolves`` (cuDNN's trials run through it); nothing on cpu, whose
     trials are timed by the wall clock beside whatever holds the interpreter."""
     if backend != "cuda":
         return ()
-    convolves = graph is not None and any(node.op == "conv2d" for node in graph.nodes)
     return ("cuda", "problems", "torch") if convolves else ("cuda", "problems")
+
+
+def convolves(graph: Graph) -> bool:
+    """Whether ``graph`` has a convolution."""
+    return any(node.op == "conv2d" for node in graph.nodes)
 
 
 class _Kernels:

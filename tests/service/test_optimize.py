@@ -429,9 +429,10 @@ def test_every_subgraphs_candidates_are_queued_to_compile_before_the_first_is_me
 
 
 def test_the_worker_loads_cupy_and_the_problem_builder_on_cuda_torch_for_convolutions_and_nothing_on_cpu() -> None:
-    from service.optimize import worker_loads
+    from service.optimize import convolves, worker_loads
 
-    convolving = import_module(ConvThenLinear().eval(), (torch.randn(2, 3, 6, 6),))
-    assert worker_loads("cuda") == worker_loads("cuda", _graph(WithCumsum())) == ("cuda", "problems")
-    assert worker_loads("cuda", convolving) == ("cuda", "problems", "torch")
-    assert worker_loads("cpu") == worker_loads("cpu", convolving) == ()
+    assert convolves(import_module(ConvThenLinear().eval(), (torch.randn(2, 3, 6, 6),)))
+    assert not convolves(_graph(WithCumsum()))
+    assert worker_loads("cuda") == worker_loads("cuda", False) == ("cuda", "problems")
+    assert worker_loads("cuda", True) == ("cuda", "problems", "torch")
+    assert worker_loads("cpu") == worker_loads("cpu", True) == ()
