@@ -5,7 +5,8 @@
 # for $PASSES passes (default 2), each pass of each side a fresh process with a fresh CuPy cache, a fresh CUDA JIT
 # cache (cuDNN's TF32 searches JIT-compile kernels once a machine) and a fresh copy of $DB, the `tunebank` column only,
 # over $ONLY (comma-separated models of bench/e2e_models.py). Two calls of the same code differ by up to 15% a model
-# (bench/README.md, twenty-third session): compare versions only within one call. Writes $OUT/$NAME-<side><pass>.json
+# (bench/README.md, twenty-third session): compare versions only within one call. COLD=1 empties the page cache
+# before each side (root only), so that each pays what a fresh machine's first optimize reads from disk. Writes $OUT/$NAME-<side><pass>.json
 # and $OUT/$NAME.md, the table of optimize seconds and plan ms by model and pass. Run with carry [".whl", "$DB"]; see
 # bench/optimize_e2e_device.sh for the wheels and the database.
 set -u
@@ -29,6 +30,8 @@ for pass in $(seq "${PASSES:-2}"); do
   for side in base new; do
     dir=$([ $side = base ] && echo $TMP/base || echo "$HERE")
     cp "$HERE/${DB:-out/h200.db}" $TMP/$side$pass.db
+    # COLD=1: each side starts on an emptied page cache, as a machine's first process reads its libraries from disk
+    [ "${COLD:-0}" = 1 ] && { sync; echo 3 > /proc/sys/vm/drop_caches || echo "cannot drop the page cache"; }
     (cd "$dir" && CUPY_CACHE_DIR=$TMP/cupy-$side$pass CUDA_CACHE_PATH=$TMP/nv-$side$pass PYTHONPATH=$TMP/py:$dir TUNEBANK_E2E_DB=$TMP/$side$pass.db \
       python bench/optimize_e2e.py --out $TMP/$side$pass --columns tunebank --deadline "${DEADLINE:-300}" \
       --models "$ONLY" --commit $side > $TMP/$side$pass.log 2>&1) || tail -5 $TMP/$side$pass.log
