@@ -118,8 +118,8 @@ def test_with_library_every_method_is_given_the_vendor_convolutions(tmp_path: Pa
     measurer = _Synthetic(MeasurementTable(DEVICE, "synthetic"), [])
     outcomes = run_bench(config, measurer, workdir=tmp_path)
     convolutions = [o for o in outcomes if o.library]
-    # cuDNN's searched algorithm in float32 and in TF32 (torch's default lets cuDNN convolve float32 in TF32)
-    assert {o.kind for o in convolutions} == {"convolution"} and all(o.library == 2 for o in convolutions)
+    # cuDNN's searched algorithm in TF32, the precision eager convolves in (torch's default lets cuDNN use TF32)
+    assert {o.kind for o in convolutions} == {"convolution"} and all(o.library == 1 for o in convolutions)
     for o in outcomes:
         results = measurer.table.results[o.key]
         libraries = [r for r in results if r.startswith("conv(")]
