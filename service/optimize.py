@@ -10,9 +10,9 @@ Per distinct subgraph, in partition order:
   profiled subgraphs, or where it has none on those of another device of its class, saved and promoted), its k
   nearest neighbours come from the persistent vector index (``TUNEBANK_INDEX_FACTORY``; a neighbour never measured
   on this device lends the recipe another device of its class measured fastest, e.g. an H100's on an H200, and the
-  report names that device), their recipes are adapted, filled, validated and timed
-  (``service.transfer.transfer_from``) beside the vendor libraries' own implementations (cuDNN for a
-  convolution: candidates however many neighbours there are), and eager PyTorch is timed too. Each batch of
+  report names that device), their recipes are adapted, filled, validated and timed (``service.transfer.candidates``,
+  ``measure_candidates``) beside the vendor libraries' own implementations (cuDNN for a convolution: candidates
+  however many neighbours there are), and eager PyTorch is timed too. Each batch of
   measurements is stored as soon as it is taken, so Ctrl-C or a crash loses none (and a rerun measures none of them
   again, and chooses among them and its own candidates the fastest, as a hit on the run after it would); the
   subgraph's baseline, profile and embedding follow.
@@ -82,7 +82,7 @@ from service.measure import MeasurementTable, Measurer, live_measurer
 from service.measurement_store import MeasurementStore
 from service.optimize_report import OptimizeReport, SubgraphReport
 from service.store import static_vector
-from service.transfer import Neighbour, candidates, neighbours, transfer_from
+from service.transfer import Neighbour, candidates, measure_candidates, neighbours
 from service.whole_model import choose_runtime
 from transforms.build import Ahead
 from transforms.convolution import match_convolution
@@ -199,7 +199,8 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     stages.add("eager", started)
     model_eager_s = sum(count[h] * s for h, row in zip(distinct, rows, strict=True)
                         if (s := eager.get(h, row.eager_s)) is not None and math.isfinite(s))
-    convolving = {h for h, task in tasks.items() if _convolves(task)}
+    # subgraphs with convolutions last: their library candidates need torch, which a cuda worker imports meanwhile
+    convolving = {h for h, task in tasks.items() if convolves(task.graph)}
     order = sorted(tasks, key=lambda h: h in convolving)  # stable: the partition's order otherwise
     worker.prepare([tasks[h].problem for h in order], ctx.backend,
                    warm=("cudnn",) if ctx.backend == "cuda" and convolving else ())
@@ -248,12 +249,6 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     if module is not None:
         module.plan = plan
     return Optimized(plan, report, module, params)
-
-
-def _convolves(task: Task) -> bool:
-    """Whether ``task``'s candidates include library convolutions: a cuda worker imports torch for them while it
-    runs the other subgraphs' trials (``transforms.worker.LOADS``), so these are measured last."""
-    return any(nest.op == "conv2d" for nest in task.program.nests)
 
 
 def worker_loads(backend: str, convolves: bool = False) -> tuple[str, ...]:
@@ -461,11 +456,12 @@ LIBRARY_CONVOLUTION_S = 10e-6
 
 def _candidates_wanted(task: Task, row: SubgraphReport, share: float, eager_s: float, backend: str,
                        config: OptimizeConfig) -> int:
-    """How many candidates a subgraph tries beside its default recipe and the library calls (``transfer_from``'s
-    ``wanted``): none for a convolution cuDNN runs in :data:`LIBRARY_CONVOLUTION_S` or more, its nearest
-    neighbour's recipe only for a subgraph under ``config.minor_share`` of the model's eager time (it can gain the
-    model no more than that share; over the s15-s23 rows at most 0.13% of a model was lost, 21% of the trials saved
-    together with the convolutions' rule), else ``config.k``. ``row.reason`` says why where fewer."""
+    """How many candidates a subgraph tries beside its default recipe and the library calls
+    (``service.transfer.candidates``' ``wanted``): none for a convolution cuDNN runs in
+    :data:`LIBRARY_CONVOLUTION_S` or more, its nearest neighbour's recipe only for a subgraph under
+    ``config.minor_share`` of the model's eager time (it can gain the model no more than that share; over the
+    s15-s23 rows at most 0.13% of a model was lost, 21% of the trials saved together with the convolutions' rule),
+    else ``config.k``. ``row.reason`` says why where fewer."""
     if backend == "cuda" and eager_s >= LIBRARY_CONVOLUTION_S and match_convolution(task.program) is not None:
         row.reason = f"a convolution cuDNN runs in {eager_s * 1e6:.3g} us: its default recipe and cuDNN only"
         return 0
@@ -487,7 +483,6 @@ class _Lookup:
     vector: Any
     space: RecipeSpace
     candidates: dict[Recipe, str]
-    wanted: int
 
 
 def _neighbours(subgraph: Subgraph, task: Task, ctx: Context, store: MeasurementStore, measurer: Measurer,
@@ -512,7 +507,7 @@ def _neighbours(subgraph: Subgraph, task: Task, ctx: Context, store: Measurement
     tried = candidates(space, near, wanted=wanted, seed=config.seed, fill=config.fill, library=True,
                        explore=config.explore)
     stages.add("neighbours", started)
-    return _Lookup(store.ids[h], near, names, search.encoder, vector, space, tried, wanted)
+    return _Lookup(store.ids[h], near, names, search.encoder, vector, space, tried)
 
 
 def _transfer(task: Task, row: SubgraphReport, found: _Lookup, ctx: Context, store: MeasurementStore,
@@ -521,8 +516,8 @@ def _transfer(task: Task, row: SubgraphReport, found: _Lookup, ctx: Context, sto
     subgraph_id, device_id = found.subgraph_id, store.device_id
     row.source = "transfer"
     started = time.perf_counter()
-    result = transfer_from(task, h, near, measurer=measurer, backend=ctx.backend, wanted=found.wanted,
-                           fill=config.fill, seed=config.seed, library=True, explore=config.explore, space=found.space)
+    result = measure_candidates(task, h, near, found.candidates, measurer=measurer, space=found.space,
+                                seed=config.seed)
     eager_s = measurer.eager(task, h)
     stages.add("measure", started)
     row.neighbours = [{"structural_hash": n.structural_hash, "distance": n.distance, "recipe": n.recipe,

@@ -17,7 +17,7 @@ for a GEMM, chosen by NVIDIA's model of the device and compiling no kernel of ou
 """
 
 import functools
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,18 +199,27 @@ def candidates(space: RecipeSpace, near: Sequence[Neighbour], *, wanted: int, se
 
 def transfer_from(task: Task, key: str, near: Sequence[Neighbour], *, measurer: Measurer, backend: str, wanted: int,
                   local_budget: int = 0, seed: int = 0, fill: bool = False, rank: Rank | None = None,
-                  pool: Sequence[Recipe] | None = None, library: bool = False, explore: bool = True,
-                  space: RecipeSpace | None = None) -> TransferResult:
+                  pool: Sequence[Recipe] | None = None, library: bool = False, explore: bool = True
+                  ) -> TransferResult:
     """Validate and time the default recipe and the neighbours' recipes (the nearest ``wanted`` distinct ones) on the
     task, keep the fastest; with ``fill``, the neighbours' variants over the knobs they were stored without, then
     vendor-ranked recipes, then (with ``explore``) random ones (with ``rank``: the best-ranked of ``pool``) make up the
     ``wanted`` candidates the neighbours did not give. With ``library``, the space's vendor alternatives (a library call
     in place of the generated kernel, e.g. cuDNN for a convolution) are candidates too, whatever the neighbours give
-    (origin ``library``). ``space``: the task's recipe space on ``backend``, when the caller has made it."""
-    space = space or RecipeSpace(task.program, backend)
-    default = space.default
+    (origin ``library``)."""
+    space = RecipeSpace(task.program, backend)
     origins = candidates(space, near, wanted=wanted, seed=seed, fill=fill, rank=rank, pool=pool, library=library,
                          explore=explore)
+    return measure_candidates(task, key, near, origins, measurer=measurer, space=space, local_budget=local_budget,
+                              seed=seed)
+
+
+def measure_candidates(task: Task, key: str, near: Sequence[Neighbour], origins: Mapping[Recipe, str], *,
+                       measurer: Measurer, space: RecipeSpace, local_budget: int = 0, seed: int = 0) -> TransferResult:
+    """:func:`transfer_from`'s measuring: the candidates ``origins`` names (with their origins, the space's default
+    recipe among them, as :func:`candidates` makes them) validated and timed in order, then ``local_budget`` recipes
+    of a local search around the fastest; the fastest kept."""
+    default = space.default
     searcher = create("given_candidates", space, candidates=list(origins), local_budget=local_budget, seed=seed)
     search(searcher, lambda recipes: measurer.measure(task, key, recipes))
     base = next(m for r, m in searcher.history if r == default)

@@ -411,10 +411,10 @@ def test_every_subgraphs_candidates_are_queued_to_compile_before_the_first_is_me
     import service.optimize
 
     events = []
-    measure = service.optimize.transfer_from
+    measure = service.optimize.measure_candidates
     monkeypatch.setattr(service.optimize, "compile_ahead", lambda task, recipes, **_: events.append(
         ("ahead", task.key, [str(r) for r in recipes])))
-    monkeypatch.setattr(service.optimize, "transfer_from", lambda task, key, *a, **o: events.append(
+    monkeypatch.setattr(service.optimize, "measure_candidates", lambda task, key, *a, **o: events.append(
         ("measure", key, None)) or measure(task, key, *a, **o))
     with Worker() as worker:
         result = optimize(_graph(WithCumsum()), ctx, worker=worker,
