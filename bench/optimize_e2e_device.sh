@@ -4,7 +4,9 @@
 # $DEADLINE seconds. The GPU machine lacks the database packages, so they come as wheels in .whl (pip download
 # --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --no-deps sqlalchemy alembic mako
 # faiss-cpu pydantic pydantic-core pydantic-settings
-# python-dotenv safetensors annotated-types typing-inspection packaging), and the tunebank column's database comes as
+# python-dotenv safetensors annotated-types typing-inspection packaging; where the tree and the wheels pass the 64 MiB a
+# call carries, the largest repacked with LZMA, which `python -m zipfile -e` extracts: bench/README.md, twenty-fifth
+# session), and the tunebank column's database comes as
 # $DB, built from a transfer recording whose models exclude the held-out ones (bench/README.md says how):
 #   out/h200.db (default): bench/db_from_recording.py bench/results/transfer_h200.json out/h200.db, run in a checkout
 #     of 9061a44 (the recording predates e023981, whose cuda spaces give reshaped contractions gemm recipes it never
