@@ -491,6 +491,8 @@ def _checked(output: Any, reference: Any, b: Buffer, tolerance: float, problem: 
 
 #: What a ``prepare`` message can ask the worker to warm while it waits: the libraries whose first call loads slowly.
 WARM: dict[str, Callable[[], None]] = {"cudnn": vendor_torch.warm_cudnn}
+
+
 def _open_cuda() -> None:
     """CuPy imported, the CUDA context made and the output check's kernels compiled: what a worker's first cuda trial
     or problem otherwise waits for (a second or more on a fresh machine)."""
