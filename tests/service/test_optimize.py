@@ -436,3 +436,32 @@ def test_the_worker_loads_cupy_and_the_problem_builder_on_cuda_torch_for_convolu
     assert worker_loads("cuda") == worker_loads("cuda", False) == ("cuda", "problems")
     assert worker_loads("cuda", True) == ("cuda", "problems", "torch")
     assert worker_loads("cpu") == worker_loads("cpu", True) == ()
+
+
+def test_on_cuda_a_contraction_cublaslt_runs_tries_no_generated_cuda_core_gemm() -> None:
+    from types import SimpleNamespace
+
+    import service.optimize
+    from embed.partition import partition
+    from service.transfer import candidates
+    from transforms.space import RecipeSpace
+    from transforms.tune import make_task
+
+    graph = import_module(torch.nn.Linear(64, 96).eval(), (torch.randn(32, 64),))
+    (linear,) = [s for s in partition(graph) if "matmul" in s.ops]
+    task, config = make_task(linear), OptimizeConfig(k=12, explore=True)  # after 8 vendor ranks, random simt gemms
+    space = RecipeSpace(task.program, "cuda")
+    offered = candidates(space, [], wanted=config.k, seed=config.seed, fill=True, library=True, explore=True)
+    assert any(str(r).startswith("gemm(simt") for r in offered)  # the control: the fill offers them
+    store = SimpleNamespace(ids={linear.structural_hash: 1}, device_id=1)
+    search = SimpleNamespace(open=lambda: None, encoder=None, index=None)
+    found = service.optimize._neighbours(linear, task, SimpleNamespace(backend="cuda"), store, None, search, config,
+                                         service.optimize._Stages(), config.k)
+    assert str(space.default).startswith("gemm(cublaslt")
+    assert list(found.candidates) == [r for r in offered if not str(r).startswith("gemm(simt")]
+    # in float64 the default is a generated gemm, cuBLASLt one candidate among others: nothing is left out
+    graph = import_module(torch.nn.Linear(64, 96).double().eval(), (torch.randn(32, 64, dtype=torch.float64),))
+    (double,) = [s for s in partition(graph) if "matmul" in s.ops]
+    space = RecipeSpace(make_task(double).program, "cuda")
+    assert str(space.default).startswith("gemm(simt") and not service.optimize._outrun_by_the_library(space.default,
+                                                                                                      space)
