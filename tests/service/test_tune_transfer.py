@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from rich.console import Console
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -29,6 +30,8 @@ QUERY = "lm_head-h64-v128-t16"  # same kinds as the crawled tiny models, other s
 @pytest.fixture
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[CliRunner, typer.Typer, Database]:
     monkeypatch.setenv("TUNEBANK_DATA_DIR", str(tmp_path))
+    # the table's title and headers on one line, whatever terminal width the test process inherited (COLUMNS)
+    monkeypatch.setattr(tune, "console", Console(width=200))
     monkeypatch.setattr(tune, "transfer_measurer", lambda backend, cache_dir, worker, **_: synthetic_measurer())
     app = typer.Typer()
     app.command()(tune_command)
