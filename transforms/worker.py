@@ -631,8 +631,8 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    loading = threading.Thread(target=_load, args=(sys.argv[1:],))
-    loading.start()
+    loading = Loads(None)
+    loading.start(sys.argv[1:])
     serve(JsonLines(sys.stdin.fileno()), reply, loading=loading)
     loading.join()  # an import cut short by the interpreter's shutdown fails noisily
 
