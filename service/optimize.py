@@ -89,6 +89,7 @@ from transforms.convolution import match_convolution
 from transforms.plan import LOAD, Parts, Plan, Step, Target, content_hash, fold_side, kernel_step, step_subgraph
 from transforms.plan_runtime import PlanModule
 from transforms.recipe import Recipe, parse
+from transforms.recipe import Step as RecipeStep
 from transforms.results import RunResult
 from transforms.run import Worker
 from transforms.schedule import ScheduleError
@@ -471,16 +472,32 @@ def _candidates_wanted(task: Task, row: SubgraphReport, share: float, eager_s: f
     return config.k
 
 
-def _outrun_by_the_library(recipe: Recipe, space: RecipeSpace) -> bool:
-    """Whether ``recipe`` is a generated CUDA-core GEMM (``gemm(simt,...)``) of a contraction cuBLASLt runs (its
-    space's default): over the 1,773 GEMM subgraphs of the s15-s25 H200 rows, 4,323 of their trials, one was the
-    fastest candidate twice, both times at twice eager's time (``bench/README.md``, twenty-fifth session). It is left
-    out, and nothing takes its place."""
-    return _gemm_path(recipe) == "simt" and _gemm_path(space.default) == "cublaslt"
+#: cuBLASLt's heuristic ranks a contraction tries on cuda: the first three of the plain call, the first of the batched
+#: one. Over the 20,237 trials of the s15-s25 H200 rows the other ranks (3-5 plain, 1-2 batched) took 913 and never
+#: gave the fastest candidate (``bench/README.md``, twenty-sixth session).
+LT_RANKS_TRIED = {False: 3, True: 1}
 
 
-def _gemm_path(recipe: Recipe) -> str | None:
-    return next((str(step.args[0]) for step in recipe.steps if step.name == "gemm" and step.args), None)
+def _left_out(recipe: Recipe, space: RecipeSpace) -> bool:
+    """Whether optimize leaves ``recipe`` untried, with nothing in its place: a generated CUDA-core GEMM
+    (``gemm(simt,...)``) of a contraction cuBLASLt runs (its space's default; over the 1,773 GEMM subgraphs of the
+    s15-s25 H200 rows, 4,323 of their trials, one was the fastest candidate twice, both times at twice eager's time,
+    ``bench/README.md``, twenty-fifth session), or a cuBLASLt algorithm past :data:`LT_RANKS_TRIED`."""
+    gemm = _gemm_step(recipe)
+    if gemm is None:
+        return False
+    path = str(gemm.args[0])
+    if path == "simt":
+        default = _gemm_step(space.default)
+        return default is not None and str(default.args[0]) == "cublaslt"
+    if path == "cublaslt":
+        batched = str(gemm.args[-1]) == "batched"
+        return int(gemm.args[1]) >= LT_RANKS_TRIED[batched]
+    return False
+
+
+def _gemm_step(recipe: Recipe) -> RecipeStep | None:
+    return next((step for step in recipe.steps if step.name == "gemm" and step.args), None)
 
 
 @dataclass
@@ -518,7 +535,7 @@ def _neighbours(subgraph: Subgraph, task: Task, ctx: Context, store: Measurement
     space = RecipeSpace(task.program, ctx.backend)
     tried = {recipe: origin for recipe, origin in candidates(space, near, wanted=wanted, seed=config.seed,
                                                              fill=config.fill, library=True, explore=config.explore)
-             .items() if not _outrun_by_the_library(recipe, space)}
+             .items() if not _left_out(recipe, space)}
     stages.add("neighbours", started)
     return _Lookup(store.ids[h], near, names, search.encoder, vector, space, tried)
 

@@ -438,7 +438,8 @@ def test_the_worker_loads_cupy_and_the_problem_builder_on_cuda_torch_for_convolu
     assert worker_loads("cpu") == worker_loads("cpu", True) == ()
 
 
-def test_on_cuda_a_contraction_cublaslt_runs_tries_no_generated_cuda_core_gemm() -> None:
+def test_on_cuda_a_contraction_cublaslt_runs_tries_no_generated_cuda_core_gemm_nor_its_lower_ranks() -> None:
+    import re
     from types import SimpleNamespace
 
     import service.optimize
@@ -447,21 +448,32 @@ def test_on_cuda_a_contraction_cublaslt_runs_tries_no_generated_cuda_core_gemm()
     from transforms.space import RecipeSpace
     from transforms.tune import make_task
 
-    graph = import_module(torch.nn.Linear(64, 96).eval(), (torch.randn(32, 64),))
-    (linear,) = [s for s in partition(graph) if "matmul" in s.ops]
-    task, config = make_task(linear), OptimizeConfig(k=12, explore=True)  # after 8 vendor ranks, random simt gemms
-    space = RecipeSpace(task.program, "cuda")
-    offered = candidates(space, [], wanted=config.k, seed=config.seed, fill=True, library=True, explore=True)
-    assert any(str(r).startswith("gemm(simt") for r in offered)  # the control: the fill offers them
-    store = SimpleNamespace(ids={linear.structural_hash: 1}, device_id=1)
-    search = SimpleNamespace(open=lambda: None, encoder=None, index=None)
-    found = service.optimize._neighbours(linear, task, SimpleNamespace(backend="cuda"), store, None, search, config,
-                                         service.optimize._Stages(), config.k)
+    def tried(module: torch.nn.Module, x: torch.Tensor) -> tuple[RecipeSpace, list[str], list[str]]:
+        """The space of the module's contraction, the candidates the fill offers, and those optimize keeps."""
+        (contraction,) = [s for s in partition(import_module(module.eval(), (x,))) if "matmul" in s.ops]
+        task, config = make_task(contraction), OptimizeConfig(k=24, explore=True)  # past the vendor ranks: simt gemms
+        space = RecipeSpace(task.program, "cuda")
+        offered = candidates(space, [], wanted=config.k, seed=config.seed, fill=True, library=True, explore=True)
+        store = SimpleNamespace(ids={contraction.structural_hash: 1}, device_id=1)
+        search = SimpleNamespace(open=lambda: None, encoder=None, index=None)
+        found = service.optimize._neighbours(contraction, task, SimpleNamespace(backend="cuda"), store, None, search,
+                                             config, service.optimize._Stages(), config.k)
+        return space, [str(r) for r in offered], [str(r) for r in found.candidates]
+
+    def lt_rank(recipe: str) -> tuple[int, bool] | None:
+        match = re.fullmatch(r"gemm\(cublaslt,(\d+)(,batched)?\)", recipe)
+        return (int(match[1]), bool(match[2])) if match else None
+
+    # a batched contraction (3-d input) offers the batched call's ranks too
+    space, offered, kept = tried(torch.nn.Linear(64, 96), torch.randn(4, 32, 64))
     assert str(space.default).startswith("gemm(cublaslt")
-    assert list(found.candidates) == [r for r in offered if not str(r).startswith("gemm(simt")]
-    # in float64 the default is a generated gemm, cuBLASLt one candidate among others: nothing is left out
-    graph = import_module(torch.nn.Linear(64, 96).double().eval(), (torch.randn(32, 64, dtype=torch.float64),))
-    (double,) = [s for s in partition(graph) if "matmul" in s.ops]
-    space = RecipeSpace(make_task(double).program, "cuda")
-    assert str(space.default).startswith("gemm(simt") and not service.optimize._outrun_by_the_library(space.default,
-                                                                                                      space)
+    ranks = [r for r in map(lt_rank, offered) if r is not None]
+    assert any(rank >= 3 for rank, batched in ranks if not batched) and any(rank >= 1 for rank, b in ranks if b)
+    assert any(r.startswith("gemm(simt") for r in offered)  # the control: the fill offers them
+    assert kept == [r for r in offered if not r.startswith("gemm(simt") and
+                    ((rank := lt_rank(r)) is None or rank[0] < (1 if rank[1] else 3))]
+    assert "gemm(cublaslt,2)" in kept and "gemm(cublaslt,0,batched)" in kept and "gemm(cublas)" in kept
+    # in float64 the default is a generated gemm, cuBLASLt one candidate among others: no simt gemm is left out
+    space, offered, kept = tried(torch.nn.Linear(64, 96).double(), torch.randn(32, 64, dtype=torch.float64))
+    assert str(space.default).startswith("gemm(simt") and str(space.default) in kept
+    assert [r for r in offered if r.startswith("gemm(simt")] == [r for r in kept if r.startswith("gemm(simt")]
