@@ -34,6 +34,7 @@ Data travels as JSON lines over pipes and ``.npz`` files (loaded without pickle)
 a spec sends the spec (JSON) instead. Standard library and NumPy only: this module is on the GPU measurement path.
 """
 
+import atexit
 import json
 import math
 import os
@@ -67,6 +68,9 @@ STORAGE: dict[str, str] = {
 SCALAR_DTYPES = ("float64", "float32", "int64", "int32")
 CLOSE_TIMEOUT_S = 1.0  # a closing worker gets this long to exit by itself before it is killed
 KEPT_PROBLEMS = 4  # saved problems a Worker keeps (see Worker.problem_file)
+#: What a spare worker loads while it waits to be adopted (``transforms.worker.LOADS``): CuPy's modules, the problem
+#: builder and torch, but no CUDA context (:class:`_Spare`).
+SPARE_LOADS = ("cupy", "problems", "torch")
 #: A candidate whose first timed call (wall clock, launch included) takes longer than SLOWER_FACTOR times the
 #: fastest median of the batch so far, and at least SLOWER_FLOOR_S, is not timed further: that call is its time.
 #: On cuda the call that was checked is the first timed call of generated kernels (loaded before it), so such a
@@ -420,8 +424,12 @@ class Worker:
     def close(self) -> None:
         """Stop the worker process (if any) and delete the saved problems. A worker between trials is not waited for:
         it exits at the end of its input (its CUDA teardown takes most of a second) or is killed after
-        :data:`CLOSE_TIMEOUT_S`, on a thread of its own."""
+        :data:`CLOSE_TIMEOUT_S`, on a thread of its own. A worker that loaded CUDA leaves a spare process for the next
+        cuda :class:`Worker` of this process (:class:`_Spare`)."""
+        cuda = self._proc is not None and "cuda" in self._loads
         self._stop(wait=False)
+        if cuda:
+            _spare.start(self.python)
         if self._folder is not None:
             self._folder.cleanup()
             self._folder = None
@@ -450,22 +458,19 @@ class Worker:
         ready. A worker already started is told to load what it was not told before (a ``load`` message)."""
         if self._proc is None:
             self._spawn(load)
-            return
         more = [name for name in load if name not in self._loads]
         if more and self._send({"load": more}, started=True):
             self._loads.update(more)
 
     def _spawn(self, load: Sequence[str] = ()) -> None:
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed in close())
-        self._proc = subprocess.Popen(
-            [self.python, "-m", "transforms.worker", *load],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=_ROOT, env=worker_environment(),
-        )
-        assert self._proc.stdout is not None
-        self._lines = JsonLines(self._proc.stdout.fileno())
+        """A worker process: for a cuda worker (told to load ``cuda``) the spare one if there is one (:class:`_Spare`),
+        else a new one told to load ``load`` as it starts. (A cpu worker times by the wall clock: it wants no process
+        whose imports may still run beside its trials.)"""
+        spare = _spare.take(self.python) if "cuda" in load else None
+        self._proc, self._stderr, self._lines, loaded = spare or _launch(self.python, load)
         self.starts += 1
         self._ready = False
-        self._loads = set(load)
+        self._loads = set(loaded)
 
     def _start(self) -> None:
         """A worker ready for a trial: spawned if there is none, its ready line read if not yet."""
@@ -522,6 +527,69 @@ def worker_environment() -> dict[str, str]:
     on an H200 a fresh machine built tabular_mlp's 8 problems in 3.2 s with both, against 11.4 s
     (``bench/README.md``)."""
     return dict(os.environ, CUPY_ACCELERATORS="", CUPY_NVRTC_USE_PCH="1")
+
+
+Launched = tuple[subprocess.Popen[bytes], IO[bytes], JsonLines, tuple[str, ...]]  # process, stderr, replies, loads
+
+
+def _launch(python: str, load: Sequence[str]) -> Launched:
+    """A ``python -m transforms.worker`` process told to load ``load`` as it starts."""
+    stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed when it stops)
+    process = subprocess.Popen([python, "-m", "transforms.worker", *load], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=stderr, cwd=_ROOT, env=worker_environment())
+    assert process.stdout is not None
+    return process, stderr, JsonLines(process.stdout.fileno()), tuple(load)
+
+
+class _Spare:
+    """One worker process started when a cuda :class:`Worker` closes, which loads :data:`SPARE_LOADS` and waits for
+    the next Worker of this process to adopt it: its imports (CuPy, the problem builder and torch: 0.5-2.5 s on an
+    H200 machine, on a thread that slowed the first trials and held up the first cuDNN trial) are paid between two
+    optimizes, not inside one. It makes no CUDA context (the adopting Worker tells it to), so nothing of it is on the
+    GPU while the caller times its model: a worker kept idle with its context beside timed models was what slowed
+    them (``docs/design.md``). Killed when the process exits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: tuple[str, Launched] | None = None  # (its python, the process)
+        self._exit_hook = False
+
+    def start(self, python: str) -> None:
+        """Start the spare unless one is waiting."""
+        with self._lock:
+            if self._held is not None and self._held[1][0].poll() is None:
+                return
+            self._drop()  # it died
+            self._held = (python, _launch(python, SPARE_LOADS))
+            if not self._exit_hook:
+                atexit.register(self.discard)
+                self._exit_hook = True
+
+    def take(self, python: str) -> Launched | None:
+        """The spare, when one running ``python`` is alive; it is no longer the spare."""
+        with self._lock:
+            if self._held is not None and self._held[1][0].poll() is not None:
+                self._drop()  # it died
+            if self._held is None or self._held[0] != python:
+                return None
+            held, self._held = self._held[1], None
+            return held
+
+    def discard(self) -> None:
+        """Kill the spare, if any."""
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._held is not None:
+            process, stderr = self._held[1][:2]
+            process.kill()
+            process.wait()
+            stderr.close()
+            self._held = None
+
+
+_spare = _Spare()
 
 
 def _reap(process: subprocess.Popen[bytes]) -> None:

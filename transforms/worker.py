@@ -504,11 +504,13 @@ def _open_cuda() -> None:
 
 #: What a worker can be told to load as it starts (``Worker.warm``), or later (a ``load`` message), in order, on a
 #: thread (:func:`_load`): host work, which overlaps the caller's own and the problems the worker builds ahead.
-#: ``cuda``: CuPy and the CUDA context (:func:`_open_cuda`); ``problems``: what a problem sent as a spec is built with;
+#: ``cuda``: CuPy and the CUDA context (:func:`_open_cuda`); ``cupy``: CuPy's modules alone, no context (a spare
+#: worker's, ``transforms.run.SPARE_LOADS``); ``problems``: what a problem sent as a spec is built with;
 #: ``torch``: what a library convolution's trials need (1.5-2.8 s on an H200 machine), which wait for the loads to end.
 #: The other trials run beside them, timed behind the gate: ungated, the import held the interpreter between a CUDA
 #: event and a launch (a 55 us GEMM timed at 316 us, a 23 us kernel's first call at 5.3 ms).
 LOADS: dict[str, Callable[[], object]] = {"cuda": _open_cuda,
+                                          "cupy": lambda: importlib.import_module("cupy"),
                                           "problems": lambda: importlib.import_module("transforms.problem"),
                                           "torch": lambda: importlib.import_module("torch")}
 #: How long an idle worker waits for a message before it looks again whether its imports have ended (it warms the

@@ -447,3 +447,66 @@ def test_the_worker_process_compiles_cupys_kernels_without_cub_and_with_precompi
     with Worker() as w:
         [result] = run([Trial(artifact, launch, problem)], worker=w, warmup=0, repeats=3)
     assert result.ok, result.error
+
+
+def _recording_python(tmp_path: Path) -> tuple[str, Path]:
+    """A python executable that appends its arguments to a file, one line a process, then runs the real one."""
+    import sys
+
+    log = tmp_path / "launches"
+    script = tmp_path / "python"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {sys.executable} "$@"\n')
+    script.chmod(0o755)
+    return str(script), log
+
+
+def _launches(log: Path, at_least: int = 0) -> list[str]:
+    """The launches recorded, once at least ``at_least`` are (a process records itself after it was started)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(lines := log.read_text().splitlines() if log.exists() else []) < at_least:
+        time.sleep(0.02)
+    return lines
+
+
+def test_a_worker_that_loaded_cuda_leaves_a_spare_without_a_context_that_the_next_worker_adopts(built, problem,
+                                                                                                  tmp_path):
+    python, log = _recording_python(tmp_path)
+    try:
+        with Worker(python=python) as first:
+            first.warm(["cuda"])  # on a machine without CuPy the load fails quietly: the trial says what is wrong
+            assert run([trial(built, problem, "correct")], worker=first, warmup=1, repeats=3)[0].ok
+        assert _launches(log, 2) == ["-m transforms.worker cuda", "-m transforms.worker cupy problems torch"]
+        spare = runner._spare._held[1][0]
+        with Worker(python=python) as second:
+            second.warm(["cuda", "problems"])  # adopts the spare and tells it to make its context
+            [result] = run([trial(built, problem, "correct")], worker=second, warmup=1, repeats=3)
+            assert result.ok and second._proc is spare  # no process of its own
+        assert _launches(log, 3)[2:] == ["-m transforms.worker cupy problems torch"]  # the next spare
+        with Worker(python=python) as on_cpu:  # a cpu worker (not told to load cuda) starts its own process
+            assert run([trial(built, problem, "correct")], worker=on_cpu, warmup=1, repeats=3)[0].ok
+        assert _launches(log, 4)[3:] == ["-m transforms.worker"]
+        runner._spare.discard()
+        with Worker(python=python) as on_cpu:
+            assert run([trial(built, problem, "correct")], worker=on_cpu, warmup=1, repeats=3)[0].ok
+        assert runner._spare.take(python) is None  # and leaves no spare
+    finally:
+        runner._spare.discard()
+
+
+def test_the_spare_worker_is_killed_when_its_process_exits(tmp_path):
+    import subprocess
+    import sys
+
+    python, log = _recording_python(tmp_path)
+    script = ("from transforms.run import Worker, _spare\n"
+              f"w = Worker(python={python!r}); w.warm(['cuda']); w.close()\n"
+              "print(_spare._held[1][0].pid)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         cwd=Path(runner.__file__).resolve().parents[1], check=True)
+    pid = int(out.stdout.split()[-1])
+    status = Path(f"/proc/{pid}/status")
+    deadline = time.monotonic() + 5
+    while status.exists() and "zombie" not in status.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # alive it would import torch for seconds yet: killed at exit it is gone (or a zombie) at once
+    assert not status.exists() or "zombie" in status.read_text()
