@@ -507,3 +507,32 @@ def test_the_spare_worker_is_killed_when_its_process_exits(tmp_path):
     pid = int(out.stdout.split()[-1])
     # killed and reaped as its process exited (alive, it would import torch for seconds yet)
     assert not Path(f"/proc/{pid}").exists()
+
+
+def _gpu_processes() -> set[int]:
+    """The pids with a CUDA context on the GPUs (nvidia-smi)."""
+    import subprocess
+
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    return {int(line) for line in out.split()}
+
+
+@needs_gpu
+def test_the_spare_holds_no_cuda_context_until_a_cuda_worker_adopts_it_and_runs_its_trials(tmp_path, problem):
+    built = build([Source(CUDA_VADD.replace("BODY", "+ b[i]"), backend="cuda")], cache_dir=tmp_path)
+    launch = Launch("vadd", LAUNCH.args, grid=((N + 255) // 256, 1, 1), block=(256, 1, 1))
+    try:
+        with Worker() as first:
+            first.warm(["cuda"])
+            assert run([Trial(built[0], launch, problem)], worker=first, repeats=3)[0].ok
+        process = runner._spare._held[1][0]
+        time.sleep(10)  # its imports (torch's the longest, 1.5-2.5 s) have ended
+        assert process.poll() is None and process.pid not in _gpu_processes()
+        with Worker() as second:
+            second.warm(["cuda", "problems"])
+            [result] = run([Trial(built[0], launch, problem)], worker=second, repeats=3)
+            assert second._proc is process and result.ok, result.error
+            assert process.pid in _gpu_processes()
+    finally:
+        runner._spare.discard()
