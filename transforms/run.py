@@ -546,8 +546,8 @@ class _Spare:
     the next Worker of this process to adopt it: its imports (CuPy, the problem builder and torch: 0.5-2.5 s on an
     H200 machine, on a thread that slowed the first trials and held up the first cuDNN trial) are paid between two
     optimizes, not inside one. It makes no CUDA context (the adopting Worker tells it to), so nothing of it is on the
-    GPU while the caller times its model: a worker kept idle with its context beside timed models was what slowed
-    them (``docs/design.md``). Killed when the process exits."""
+    GPU while the caller times its model (a worker kept idle between optimizes with its context slowed models timed
+    beside it, cause not isolated: ``docs/design.md``). Killed when the process exits."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -584,7 +584,7 @@ class _Spare:
         if self._held is not None:
             process, stderr = self._held[1][:2]
             process.kill()
-            process.wait()
+            process.communicate()  # reaped, its pipes closed
             stderr.close()
             self._held = None
 
