@@ -35,6 +35,7 @@ a spec sends the spec (JSON) instead. Standard library and NumPy only: this modu
 """
 
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -584,7 +585,7 @@ class _Spare:
         if self._held is not None:
             process, stderr = self._held[1][:2]
             process.kill()
-            process.communicate()  # reaped, its pipes closed
+            _reap(process)
             stderr.close()
             self._held = None
 
@@ -593,12 +594,16 @@ _spare = _Spare()
 
 
 def _reap(process: subprocess.Popen[bytes]) -> None:
-    """Wait for a worker told to exit, killing it after :data:`CLOSE_TIMEOUT_S`."""
+    """Wait for a worker told to exit, killing it after :data:`CLOSE_TIMEOUT_S`, and close its pipes."""
     try:
         process.wait(timeout=CLOSE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):  # a write the dead process never read
+                pipe.close()
 
 
 def finish(steps: Generator[None, None, T]) -> T:

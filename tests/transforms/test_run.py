@@ -73,6 +73,10 @@ def test_a_warmed_worker_runs_the_first_trial_and_one_never_used_is_killed_at_cl
         assert result.ok and w.starts == 1  # the trial used the process warm() started
         process = w._proc
     assert process.wait(timeout=30) == 0  # closed, it exited at the end of its input (reaped on a thread)
+    deadline = time.monotonic() + 30
+    while not process.stdout.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.stdin.closed and process.stdout.closed  # its pipes too, not left to the garbage collector
     idle = Worker()
     idle.warm()
     process = idle._proc
