@@ -236,6 +236,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     report.measured, report.folds_measured = measurer.evaluations, measurer.evaluations - before
     target = Target(ctx.backend, ctx.device.name, ctx.device.device_class, ctx.device.arch, ctx.toolchain)
     plan = Plan(graph, tuple(steps), target)
+    tied = _ties_as_kernels(steps, subgraphs, chosen, kernels, config.margin)
     stages.add("plan", started)
     module = None
     if config.time_model:
@@ -243,7 +244,11 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
         plan, module = choose_runtime(plan, report, backend=ctx.backend, cache_dir=ctx.cache_dir, params=params,
                                       inputs=inputs, reference=reference, calls=config.model_calls,
                                       margin=config.model_margin, compare_compile=config.compare_compile,
-                                      seed=config.seed)
+                                      seed=config.seed, ties=replace(plan, steps=tuple(tied[0])) if tied else None)
+        if tied and plan.steps == tuple(tied[0]):
+            for h in tied[1]:
+                chosen[h].choice = "kernel"
+                chosen[h].reason = "within the margin of eager, but the whole model ran faster with its kernel"
         stages.add("model timing", started)
     report.stages_s = stages.seconds
     plan = replace(plan, report=report.to_json())
@@ -356,6 +361,26 @@ class _Folder:
         """``recipe`` on ``task`` (of ``subgraph``), stored; what an earlier run stored is not measured again."""
         self.measurer.table.results.setdefault(task.key, {}).update(self.store.results(subgraph))
         return self.measurer.measure(task, task.key, [recipe])[0]
+
+
+def _ties_as_kernels(steps: Sequence[Step], subgraphs: Sequence[Subgraph], chosen: Mapping[str, SubgraphReport],
+                     kernels: _Kernels, margin: float) -> tuple[list[Step], set[str]] | None:
+    """The plan's steps with each eager step whose subgraph's kernel was measured faster than eager, but by no more
+    than ``margin`` (a tie the margin gave to eager), run as that kernel, and those subgraphs; None when there is
+    none. Apart, such a kernel cannot be told from noise; in the model it may save more than it did apart (a fused
+    epilogue's pass over memory, a launch), so the whole model, timed both ways, decides (``choose_runtime``)."""
+    tied: set[str] = set()
+    out = []
+    for subgraph, step in zip(subgraphs, steps, strict=True):
+        row = chosen[subgraph.structural_hash]
+        if step.impl == "eager" and row.choice == "eager" and row.recipe is not None and row.kernel_s is not None \
+                and row.eager_s is not None and row.kernel_s < row.eager_s <= row.kernel_s * (1 + margin):
+            kernel = kernels.step(subgraph, row.recipe)
+            if kernel is not None:
+                step = kernel
+                tied.add(subgraph.structural_hash)
+        out.append(step)
+    return (out, tied) if tied else None
 
 
 def _step_seconds(row: SubgraphReport) -> float | None:

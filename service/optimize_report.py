@@ -55,6 +55,7 @@ class OptimizeReport:
     eager_model_s: float | None = None  # the model run eagerly, whole
     compile_model_s: float | None = None  # torch.compile default, whole (cuda)
     model_fallback: bool = False  # the kernels lost as a whole: every subgraph runs eagerly
+    ways_s: dict[str, float] = field(default_factory=dict)  # each way the model was timed whole (service.whole_model)
     measured: int = 0  # kernels measured in this run
     folds_measured: int = 0  # of those, kernels with a layout step folded in, tried while making the plan
     built_ahead: int = 0  # problems the worker built while it waited, before their first trial (cuda)

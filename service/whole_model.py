@@ -33,11 +33,12 @@ def random_weights(graph: Graph, device: torch.device, *, seed: int = 0) -> dict
 def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_dir: Path,
                    params: Mapping[str, torch.Tensor] | None, inputs: Sequence[torch.Tensor] | None,
                    reference: Callable[..., object] | None, calls: int, margin: float, compare_compile: bool,
-                   seed: int = 0) -> tuple[Plan, PlanModule | None]:
+                   seed: int = 0, ties: Plan | None = None) -> tuple[Plan, PlanModule | None]:
     """Time ways to run the model whole and keep the fastest: the plan, on cuda with and without one CUDA graph,
-    and the all-eager plan in one CUDA graph; when none beats eager (``reference``, by default the graph run
-    eagerly), the all-eager plan without a graph, which runs ``reference`` itself. Returns the plan kept and its
-    module (None when the plan cannot run here)."""
+    ``ties`` (the plan with kernels that tied with eager, ``service.optimize._ties_as_kernels``) where given, and the
+    all-eager plan in one CUDA graph; when none beats eager (``reference``, by default the graph run eagerly), the
+    all-eager plan without a graph, which runs ``reference`` itself. ``report.ways_s`` gets each way's seconds.
+    Returns the plan kept and its module (None when the plan cannot run here)."""
     graph = plan.graph
     device = torch.device("cuda" if backend == "cuda" else "cpu")
     drawn = random_weights(graph, device, seed=seed) if params is None or inputs is None else {}
@@ -46,12 +47,15 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
     names = [n for n in graph.inputs if graph.tensors[n].role == TensorRole.INPUT]
     inputs = list(inputs) if inputs is not None else [drawn[n] for n in names]
     eager_plan = replace(plan.with_all_eager(), cuda_graph=False)
-    ways = [plan] if backend != "cuda" else [plan, replace(plan, cuda_graph=False)]
+    ways = {"plan": plan} if backend != "cuda" else {"plan": plan, "plan without a CUDA graph":
+                                                       replace(plan, cuda_graph=False)}
+    if ties is not None:
+        ways["plan with tied kernels"] = ties
     if backend == "cuda" and plan.tuned:
-        ways.append(replace(plan.with_all_eager(), cuda_graph=True))
+        ways["eager in a CUDA graph"] = replace(plan.with_all_eager(), cuda_graph=True)
     try:
         eager = reference or PlanModule(eager_plan, params, cache_dir=cache_dir, device=device)
-        modules = [PlanModule(way, params, cache_dir=cache_dir, device=device) for way in ways]
+        modules = [PlanModule(way, params, cache_dir=cache_dir, device=device) for way in ways.values()]
     except PlanError:
         return plan, None
     contenders: list[Callable[..., object]] = [eager, *modules]
@@ -61,6 +65,7 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
     if backend == "cuda" and compare_compile:
         report.compile_model_s = _none_if_nan(timed.pop())
     report.eager_model_s = _none_if_nan(eager_s)
+    report.ways_s = {name: t for name, t in zip(ways, timed, strict=True) if math.isfinite(t)}
     finite = [(t, n) for n, t in enumerate(timed) if math.isfinite(t)]
     seconds, best = min(finite) if finite else (math.nan, 0)
     if report.eager_model_s is not None and seconds * (1 + margin) < report.eager_model_s:
@@ -74,9 +79,10 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
         fallback = eager if reference is None else PlanModule(eager_plan, params, cache_dir=cache_dir,
                                                               device=device, eager_model=reference)
         return eager_plan, fallback
+    kept = list(ways.values())[best]
     report.model_s = _none_if_nan(seconds)
-    report.model_fallback = ways[best].tuned < plan.tuned
-    return ways[best], modules[best]
+    report.model_fallback = kept.tuned < plan.tuned
+    return kept, modules[best]
 
 
 def _none_if_nan(seconds: float) -> float | None:

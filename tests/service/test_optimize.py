@@ -171,6 +171,56 @@ def test_a_plan_that_wins_once_and_loses_the_second_timing_is_not_kept(ctx: Cont
     assert result.report.model_fallback and result.plan.kernels == 0
 
 
+@pytest.mark.parametrize(("kernel_s", "eager_s", "choice", "tied"), [
+    (1.0, 1.04, "eager", True),  # faster, within the margin: a tie
+    (1.0, 1.0, "eager", False),  # not faster
+    (1.05, 1.0, "eager", False),  # slower
+    (1.0, 2.0, "kernel", False),  # chosen already
+    (None, 1.0, "eager", False),  # nothing validated
+])
+def test_a_kernel_faster_than_eager_within_the_margin_is_a_tie_the_whole_model_decides(
+        kernel_s: float | None, eager_s: float, choice: str, tied: bool) -> None:
+    from types import SimpleNamespace
+
+    from service.optimize import _ties_as_kernels
+    from transforms.plan import Step
+
+    subgraphs = [SimpleNamespace(structural_hash="a"), SimpleNamespace(structural_hash="b")]
+    rows = {"a": SubgraphReport("a", "reduction", "a", ["softmax"], 1, "transfer", recipe="r", kernel_s=kernel_s,
+                                eager_s=eager_s, choice=choice),
+            "b": SubgraphReport("b", "reduction", "b", ["softmax"], 1, "bound", eager_s=1.0, choice="eager")}
+    steps = [Step("a", "kernel" if choice == "kernel" else "eager"), Step("b", "eager")]
+    kernels = SimpleNamespace(step=lambda subgraph, recipe: Step(subgraph.structural_hash, "kernel"))
+    found = _ties_as_kernels(steps, subgraphs, rows, kernels, 0.05)
+    if tied:
+        assert found == ([Step("a", "kernel"), Step("b", "eager")], {"a"})
+    else:
+        assert found is None
+
+
+@pytest.mark.parametrize("tied_s", [1.0, 3.0])
+def test_the_plan_with_its_tied_kernels_is_timed_whole_and_kept_only_when_faster(
+        ctx: Context, monkeypatch: pytest.MonkeyPatch, tied_s: float) -> None:
+    import service.whole_model as whole_model
+
+    def scripted(models: list[PlanModule], inputs: object, calls: int, **_: object) -> list[float]:  # by what runs
+        return [tied_s if model.plan.kernels else 2.0 for model in models]
+
+    monkeypatch.setattr(whole_model, "compare", scripted)
+    with Worker() as worker:  # no margin a kernel can beat: every kernel faster than eager ties with it
+        result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=1e9, **FAST))
+    report = result.report
+    ties = [r for r in report.subgraphs if r.kernel_s is not None and r.kernel_s < r.eager_s]
+    assert ties  # the control: generated cpu kernels of a 16x32 input beat eager's dispatch
+    assert set(report.ways_s) == {"plan", "plan with tied kernels"}
+    assert report.ways_s["plan with tied kernels"] == tied_s and report.ways_s["plan"] == 2.0
+    if tied_s < 2.0:  # kept: its kernels run, and the report says why
+        assert result.plan.kernels == len(ties) and not report.model_fallback and report.model_s == tied_s
+        assert all(r.choice == "kernel" and "whole model ran faster" in r.reason for r in ties)
+    else:  # slower: the plan as chosen (all eager here, so eager itself)
+        assert result.plan.kernels == 0 and all(r.choice == "eager" for r in ties)
+
+
 class TransposeBetweenKernels(torch.nn.Module):
     """linear + gelu, a transpose, softmax: a layout subgraph between two kernel subgraphs."""
 
