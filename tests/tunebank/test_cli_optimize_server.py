@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 from typer.testing import CliRunner
 
 import tunebank
 from embed import zoo
 from tests.tunebank.conftest import free_port
 from tunebank.cli import app
+from tunebank.cli import optimize as cli_optimize
 
 MODEL = "lm_head-h64-v256-t32"
 runner = CliRunner()
@@ -41,7 +43,8 @@ def test_a_model_sent_with_the_cli_comes_back_as_the_local_report_and_a_plan_fil
         server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url, _, keys = server
     monkeypatch.setenv("TUNEBANK_DATA_DIR", str(tmp_path / "client"))
-    monkeypatch.setenv("COLUMNS", "100")
+    # a fixed width: pytest-xdist's workers inherit a narrow one, and the console is made at import
+    monkeypatch.setattr(cli_optimize, "console", Console(highlight=False, width=200))
     plan = tmp_path / "lm.tbplan"
     first = runner.invoke(app, ["optimize", MODEL, "--server", url, "--api-key", keys["alice"], "--k", "1",
                                 "--out", str(plan)])
