@@ -306,6 +306,7 @@ def _tunebank(module: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
                    "measured": report.get("measured"), "model_fallback": report.get("model_fallback"),
                    "stages_s": report.get("stages_s"), "sources": _sources(report),
                    "built_ahead": report.get("built_ahead"), "step_impls": [step.impl for step in fast.plan.steps],
+                   "ways_s": report.get("ways_s"),
                    "attention_trials": report.get("attentions"), "subgraphs": _subgraph_rows(report)}
         result = measure(fast, module, inputs, compile_s=optimize_s, first_output=out, **summary)
         # a plan that wanted a CUDA graph but runs without one: a capture failed (PlanModule._replay)
