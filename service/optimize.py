@@ -248,7 +248,8 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
         if tied and plan.steps == tuple(tied[0]):
             for h in tied[1]:
                 chosen[h].choice = "kernel"
-                chosen[h].reason = "within the margin of eager, but the whole model ran faster with its kernel"
+                why = "within the margin of eager, but the whole model ran faster with its kernel"
+                chosen[h].reason = f"{chosen[h].reason}; {why}" if chosen[h].reason else why
         stages.add("model timing", started)
     report.stages_s = stages.seconds
     plan = replace(plan, report=report.to_json())

@@ -75,12 +75,14 @@ class Report:
     model_fallback: bool = False
     measured: int = 0
     stages_s: dict[str, float] = field(default_factory=dict)
+    ways_s: dict[str, float] = field(default_factory=dict)  # each way the model was timed whole
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Report:
         values = _pick(cls, data)
         values["subgraphs"] = tuple(SubgraphResult.from_json(s) for s in data.get("subgraphs") or ())
         values["stages_s"] = dict(values.get("stages_s") or {})
+        values["ways_s"] = dict(values.get("ways_s") or {})
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:

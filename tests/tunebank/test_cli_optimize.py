@@ -136,3 +136,22 @@ def test_the_table_counts_candidates_not_run_apart_from_failures(capsys: pytest.
     assert "3/1x+2" in out  # 3 run, 1 of them failed, 2 not run
     assert "neighbours' recipes measured on cuda:NVIDIA H100 80GB HBM3" in out
     assert "#1 1.0% of the model's eager time" in out and "#0 " not in out  # why a transfer tried fewer
+
+
+def test_each_way_the_model_was_timed_whole_is_shown_when_there_were_several(capsys: pytest.CaptureFixture[str],
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from service.optimize_report import OptimizeReport
+    from tunebank.cli import optimize
+    from tunebank.cli.optimize import _print
+    from tunebank.reports import Report
+
+    monkeypatch.setattr(optimize, "console", Console(width=200, highlight=False))
+    ways = {"plan": 8.2e-4, "plan with tied kernels": 7.97e-4}
+    local = OptimizeReport("m", "cuda", "cuda:NVIDIA H200", "nvrtc", model_s=7.97e-4, eager_model_s=9e-4, ways_s=ways)
+    for report in (local, Report.from_json(local.to_json())):  # optimized here, or by a server
+        _print(report)
+        assert "timed whole: plan 0.820 ms, plan with tied kernels 0.797 ms" in capsys.readouterr().out
+    _print(OptimizeReport("m", "cpu", "cpu", "gcc", model_s=1e-3, eager_model_s=2e-3, ways_s={"plan": 1e-3}))
+    assert "timed whole" not in capsys.readouterr().out  # one way: the whole-model line says it all

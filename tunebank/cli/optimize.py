@@ -197,4 +197,6 @@ def _print(report: OptimizeReport | Report) -> None:
         if report.model_fallback:
             line += "; the kernels lost as a whole, so every subgraph runs eagerly"
         console.print(line)
+    if len(report.ways_s) > 1:
+        console.print("timed whole: " + ", ".join(f"{escape(way)} {_ms(s)}" for way, s in report.ways_s.items()))
     console.print("wall time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.stages_s.items()))
