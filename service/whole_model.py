@@ -6,6 +6,7 @@ ahead), the ways as a loop runs them: a plan that only wins because the host lau
 kept, since on a faster host it would lose.
 """
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -49,8 +50,6 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
     eager_plan = replace(plan.with_all_eager(), cuda_graph=False)
     ways = {"plan": plan} if backend != "cuda" else {"plan": plan, "plan without a CUDA graph":
                                                        replace(plan, cuda_graph=False)}
-    if ties is not None:
-        ways["plan with tied kernels"] = ties
     if backend == "cuda" and plan.tuned:
         ways["eager in a CUDA graph"] = replace(plan.with_all_eager(), cuda_graph=True)
     try:
@@ -58,6 +57,10 @@ def choose_runtime(plan: Plan, report: OptimizeReport, *, backend: str, cache_di
         modules = [PlanModule(way, params, cache_dir=cache_dir, device=device) for way in ways.values()]
     except PlanError:
         return plan, None
+    if ties is not None:
+        with contextlib.suppress(PlanError):  # a tied kernel that cannot run here: the others are timed without it
+            modules.append(PlanModule(ties, params, cache_dir=cache_dir, device=device))
+            ways["plan with tied kernels"] = ties
     contenders: list[Callable[..., object]] = [eager, *modules]
     if backend == "cuda" and compare_compile:
         contenders.append(torch.compile(eager))

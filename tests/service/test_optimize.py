@@ -20,6 +20,7 @@ from service.optimize import Context, OptimizeConfig, optimize
 from service.optimize_report import SubgraphReport
 from tests.service.conftest import DEVICE
 from transforms.compilers.cpu import toolchain_id
+from transforms.plan import Plan
 from transforms.plan_runtime import PlanModule
 from transforms.results import RunResult
 from transforms.run import Worker
@@ -201,17 +202,19 @@ def test_a_kernel_faster_than_eager_within_the_margin_is_a_tie_the_whole_model_d
 @pytest.mark.parametrize("tied_s", [1.0, 3.0])
 def test_the_plan_with_its_tied_kernels_is_timed_whole_and_kept_only_when_faster(
         ctx: Context, monkeypatch: pytest.MonkeyPatch, tied_s: float) -> None:
+    import service.measure
     import service.whole_model as whole_model
 
     def scripted(models: list[PlanModule], inputs: object, calls: int, **_: object) -> list[float]:  # by what runs
         return [tied_s if model.plan.kernels else 2.0 for model in models]
 
     monkeypatch.setattr(whole_model, "compare", scripted)
+    monkeypatch.setattr(service.measure, "eager_seconds", lambda task, **_: 1.0)  # every kernel beats eager
     with Worker() as worker:  # no margin a kernel can beat: every kernel faster than eager ties with it
         result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=1e9, **FAST))
     report = result.report
     ties = [r for r in report.subgraphs if r.kernel_s is not None and r.kernel_s < r.eager_s]
-    assert ties  # the control: generated cpu kernels of a 16x32 input beat eager's dispatch
+    assert len(ties) == 2  # the control: the linear and the add + layer norm
     assert set(report.ways_s) == {"plan", "plan with tied kernels"}
     assert report.ways_s["plan with tied kernels"] == tied_s and report.ways_s["plan"] == 2.0
     if tied_s < 2.0:  # kept: its kernels run, and the report says why
@@ -219,6 +222,25 @@ def test_the_plan_with_its_tied_kernels_is_timed_whole_and_kept_only_when_faster
         assert all(r.choice == "kernel" and "whole model ran faster" in r.reason for r in ties)
     else:  # slower: the plan as chosen (all eager here, so eager itself)
         assert result.plan.kernels == 0 and all(r.choice == "eager" for r in ties)
+
+
+def test_a_tied_plan_that_cannot_run_here_leaves_the_other_ways_timed(ctx: Context,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.measure
+    import service.whole_model as whole_model
+    from transforms.plan import PlanError
+
+    def refusing(plan: Plan, *args: object, **kwargs: object) -> PlanModule:  # the tied plan alone has kernels
+        if plan.kernels:
+            raise PlanError("a kernel this machine cannot run")
+        return PlanModule(plan, *args, **kwargs)
+
+    monkeypatch.setattr(whole_model, "PlanModule", refusing)
+    monkeypatch.setattr(whole_model, "compare", lambda models, inputs, calls, **_: [2.0, 1.0][:len(models)])
+    monkeypatch.setattr(service.measure, "eager_seconds", lambda task, **_: 1.0)  # every kernel ties with eager
+    with Worker() as worker:
+        result = optimize(_graph(Encoder()), ctx, worker=worker, config=OptimizeConfig(margin=1e9, **FAST))
+    assert result.report.ways_s == {"plan": 1.0} and result.module is not None and result.plan.kernels == 0
 
 
 class TransposeBetweenKernels(torch.nn.Module):
