@@ -533,11 +533,12 @@ def worker_environment() -> dict[str, str]:
 Launched = tuple[subprocess.Popen[bytes], IO[bytes], JsonLines, tuple[str, ...]]  # process, stderr, replies, loads
 
 
-def _launch(python: str, load: Sequence[str]) -> Launched:
-    """A ``python -m transforms.worker`` process told to load ``load`` as it starts."""
+def _launch(python: str, load: Sequence[str], env: Mapping[str, str] | None = None) -> Launched:
+    """A ``python -m transforms.worker`` process told to load ``load`` as it starts, in ``env`` (by default
+    :func:`worker_environment`)."""
     stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed when it stops)
     process = subprocess.Popen([python, "-m", "transforms.worker", *load], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=stderr, cwd=_ROOT, env=worker_environment())
+                               stdout=subprocess.PIPE, stderr=stderr, cwd=_ROOT, env=env or worker_environment())
     assert process.stdout is not None
     return process, stderr, JsonLines(process.stdout.fileno()), tuple(load)
 
@@ -548,11 +549,13 @@ class _Spare:
     H200 machine, on a thread that slowed the first trials and held up the first cuDNN trial) are paid between two
     optimizes, not inside one. It makes no CUDA context (the adopting Worker tells it to), so nothing of it is on the
     GPU while the caller times its model (a worker kept idle between optimizes with its context slowed models timed
-    beside it, cause not isolated: ``docs/design.md``). Killed when the process exits."""
+    beside it, cause not isolated: ``docs/design.md``). A Worker adopts it only where it would start the same process:
+    the same python, the same environment (a ``CUDA_VISIBLE_DEVICES`` changed since names another GPU). Killed when
+    the process exits."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: tuple[str, Launched] | None = None  # (its python, the process)
+        self._held: tuple[tuple[str, dict[str, str]], Launched] | None = None  # ((its python, its environment), it)
         self._exit_hook = False
 
     def start(self, python: str) -> None:
@@ -561,17 +564,20 @@ class _Spare:
             if self._held is not None and self._held[1][0].poll() is None:
                 return
             self._drop()  # it died
-            self._held = (python, _launch(python, SPARE_LOADS))
+            env = worker_environment()
+            self._held = ((python, env), _launch(python, SPARE_LOADS, env))
             if not self._exit_hook:
                 atexit.register(self.discard)
                 self._exit_hook = True
 
     def take(self, python: str) -> Launched | None:
-        """The spare, when one running ``python`` is alive; it is no longer the spare."""
+        """The spare, when one running ``python`` in this process's environment is alive; it is no longer the
+        spare. One that died, or was started for another python or environment, is dropped."""
         with self._lock:
-            if self._held is not None and self._held[1][0].poll() is not None:
-                self._drop()  # it died
-            if self._held is None or self._held[0] != python:
+            if self._held is not None and (self._held[1][0].poll() is not None
+                                           or self._held[0] != (python, worker_environment())):
+                self._drop()
+            if self._held is None:
                 return None
             held, self._held = self._held[1], None
             return held
