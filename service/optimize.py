@@ -236,16 +236,16 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     report.measured, report.folds_measured = measurer.evaluations, measurer.evaluations - before
     target = Target(ctx.backend, ctx.device.name, ctx.device.device_class, ctx.device.arch, ctx.toolchain)
     plan = Plan(graph, tuple(steps), target)
-    tied = _ties_as_kernels(steps, subgraphs, chosen, kernels, config.margin)
     stages.add("plan", started)
     module = None
     if config.time_model:
         started = time.perf_counter()
+        tied = _ties_as_kernels(steps, subgraphs, chosen, kernels, config.margin)
         plan, module = choose_runtime(plan, report, backend=ctx.backend, cache_dir=ctx.cache_dir, params=params,
                                       inputs=inputs, reference=reference, calls=config.model_calls,
                                       margin=config.model_margin, compare_compile=config.compare_compile,
-                                      seed=config.seed, ties=replace(plan, steps=tuple(tied[0])) if tied else None)
-        if tied and plan.steps == tuple(tied[0]):
+                                      seed=config.seed, ties=replace(plan, steps=tied[0]) if tied else None)
+        if tied and plan.steps == tied[0]:
             for h in tied[1]:
                 chosen[h].choice = "kernel"
                 why = "within the margin of eager, but the whole model ran faster with its kernel"
@@ -365,7 +365,7 @@ class _Folder:
 
 
 def _ties_as_kernels(steps: Sequence[Step], subgraphs: Sequence[Subgraph], chosen: Mapping[str, SubgraphReport],
-                     kernels: _Kernels, margin: float) -> tuple[list[Step], set[str]] | None:
+                     kernels: _Kernels, margin: float) -> tuple[tuple[Step, ...], set[str]] | None:
     """The plan's steps with each eager step whose subgraph's kernel was measured faster than eager, but by no more
     than ``margin`` (a tie the margin gave to eager), run as that kernel, and those subgraphs; None when there is
     none. Apart, such a kernel cannot be told from noise; in the model it may save more than it did apart (a fused
@@ -381,7 +381,7 @@ def _ties_as_kernels(steps: Sequence[Step], subgraphs: Sequence[Subgraph], chose
                 step = kernel
                 tied.add(subgraph.structural_hash)
         out.append(step)
-    return (out, tied) if tied else None
+    return (tuple(out), tied) if tied else None
 
 
 def _step_seconds(row: SubgraphReport) -> float | None:

@@ -633,19 +633,19 @@ def main() -> None:
         protocol.flush()
 
     reply({"ready": True})
-    loading = Loads(None)
-    loading.start(sys.argv[1:])
-    serve(JsonLines(sys.stdin.fileno()), reply, loading=loading)
-    loading.join()  # an import cut short by the interpreter's shutdown fails noisily
+    loads = Loads(None)
+    loads.start(sys.argv[1:])
+    serve(JsonLines(sys.stdin.fileno()), reply, loads=loads)
+    loads.join()  # an import cut short by the interpreter's shutdown fails noisily
 
 
-def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *, loading: Loading | None = None) -> None:
+def serve(lines: JsonLines, reply: Callable[[dict[str, Any]], None], *, loads: Loads | None = None) -> None:
     """Answer each message of ``lines``; while none waits, build the prepared problems, then, once the loads
-    (``loading``, and those ``load`` messages start) have ended, warm the libraries the last ``prepare`` named (each
+    (``loads``, which ``load`` messages add to) have ended, warm the libraries the last ``prepare`` named (each
     once). A trial of a library routine run through PyTorch waits for the loads (:data:`LOADS`,
     :func:`_waits_for_imports`)."""
     problems = Problems()
-    loads = Loads(loading)
+    loads = loads or Loads(None)
     warming: list[str] = []
     warmed: set[str] = set()
     while not lines.closed:

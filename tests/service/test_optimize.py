@@ -194,7 +194,7 @@ def test_a_kernel_faster_than_eager_within_the_margin_is_a_tie_the_whole_model_d
     kernels = SimpleNamespace(step=lambda subgraph, recipe: Step(subgraph.structural_hash, "kernel"))
     found = _ties_as_kernels(steps, subgraphs, rows, kernels, 0.05)
     if tied:
-        assert found == ([Step("a", "kernel"), Step("b", "eager")], {"a"})
+        assert found == ((Step("a", "kernel"), Step("b", "eager")), {"a"})
     else:
         assert found is None
 

@@ -305,7 +305,7 @@ def test_the_worker_builds_and_runs_trials_while_its_imports_run_but_torch_trial
                                                              {"entry": "epilogue", "library": ""}]}
     steps = [{"prepare": ["p0"], "backend": "cpu", "warm": ["lib"]}, None, generated, cudnn, *[None] * 6]
     worker.serve(ScriptedLines(steps, events), lambda data: events.append(data.get("ok", data)),
-                 loading=ScriptedLoading(4, events))
+                 loads=worker.Loads(ScriptedLoading(4, events)))
     assert events[:10] == [{"ahead": 0}, "loaded?", "build p0",  # built while the imports ran
                            "loaded?", "trial", True,  # a generated kernel's trial, timed behind the gate
                            "loaded?", "wait for the imports", "trial", True]  # cuDNN's, run through torch
