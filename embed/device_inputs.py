@@ -62,6 +62,11 @@ def _kernels() -> dict[str, Any]:
     return {name: module.get_function(name) for name in names}
 
 
+def warm() -> None:
+    """Compile the module now, not in the first draw (once a process; on a fresh machine an NVRTC compile)."""
+    _kernels()
+
+
 def finish(out: Any, raw: Any, *, positive: bool, spread: float, bfloat16: bool = False) -> None:
     """Fill the CuPy array ``out`` (float64, float32 or float16; float32 holding bfloat16 values with ``bfloat16``)
     from the CuPy draws ``raw`` (float64 for a float64 ``out``, else float32; uniform in [0, 1) for a ``positive``

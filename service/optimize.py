@@ -166,7 +166,7 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     bound to ``params`` (random weights when not given) and timed whole on ``inputs`` (random when not given)
     against ``reference`` (the user's own module; by default the graph run eagerly)."""
     check_schema(ctx.database.engine)
-    worker.warm(worker_loads(ctx.backend, convolves(graph)))  # loads beside the partition, lookups and eager timings
+    worker.warm(worker_loads(ctx.backend))  # loads beside the partition, lookups and eager timings
     stages = _Stages()
     started = time.perf_counter()
     parts = partition_nodes(graph)
@@ -258,13 +258,12 @@ def optimize(graph: Graph, ctx: Context, *, worker: Worker, config: OptimizeConf
     return Optimized(plan, report, module, params)
 
 
-def worker_loads(backend: str, convolves: bool = False) -> tuple[str, ...]:
+def worker_loads(backend: str) -> tuple[str, ...]:
     """What the worker loads ahead (``transforms.worker.LOADS``): on cuda CuPy and the CUDA context, what it builds
-    problems with, and torch for a model that ``convolves`` (cuDNN's trials run through it); nothing on cpu, whose
-    trials are timed by the wall clock beside whatever holds the interpreter."""
-    if backend != "cuda":
-        return ()
-    return ("cuda", "problems", "torch") if convolves else ("cuda", "problems")
+    problems with and the kernels they all run, and torch (cuDNN's trials run through it, and problems take their
+    references from it once it is in); nothing on cpu, whose trials are timed by the wall clock beside whatever holds
+    the interpreter."""
+    return ("cuda", "problems", "problem-kernels", "torch") if backend == "cuda" else ()
 
 
 def convolves(graph: Graph) -> bool:

@@ -121,7 +121,7 @@ class LoadedProblem:
     def open_steps(cls, source: str | dict[str, Any], xp: Any = np) -> Generator[None, None, "LoadedProblem"]:
         """:meth:`open` a step at a time: a spec's problem yields after its inputs are drawn and after each nest of
         its reference (``transforms.problem.problem_steps``), so a worker building it ahead answers a message
-        meanwhile."""
+        meanwhile; its references are PyTorch's when this worker has loaded torch (:data:`LOADED`) by then."""
         if isinstance(source, str):
             with np.load(source, allow_pickle=False) as data:
                 arrays = dict(data)
@@ -129,7 +129,8 @@ class LoadedProblem:
                        {k[4:]: v for k, v in arrays.items() if k.startswith("ref.")})
         from transforms.problem import problem_from_spec_steps  # embed and pydantic: only for problems sent as specs
 
-        built, raise_tolerances = yield from problem_from_spec_steps(source["spec"], xp)
+        with_torch = "torch" in LOADED
+        built, raise_tolerances = yield from problem_from_spec_steps(source["spec"], xp, torch_reference=with_torch)
         return cls(source, built.inputs, built.reference, built.tolerance, built.tf32, raise_tolerances)
 
     def cached(self, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
@@ -506,13 +507,20 @@ def _open_cuda() -> None:
 #: thread (:func:`_load`): host work, which overlaps the caller's own and the problems the worker builds ahead.
 #: ``cuda``: CuPy and the CUDA context (:func:`_open_cuda`); ``cupy``: CuPy's modules alone, no context (a spare
 #: worker's, ``transforms.run.SPARE_LOADS``); ``problems``: what a problem sent as a spec is built with;
-#: ``torch``: what a library convolution's trials need (1.5-2.8 s on an H200 machine), which wait for the loads to end.
-#: The other trials run beside them, timed behind the gate: ungated, the import held the interpreter between a CUDA
-#: event and a launch (a 55 us GEMM timed at 316 us, a 23 us kernel's first call at 5.3 ms).
-LOADS: dict[str, Callable[[], object]] = {"cuda": _open_cuda,
-                                          "cupy": lambda: importlib.import_module("cupy"),
-                                          "problems": lambda: importlib.import_module("transforms.problem"),
-                                          "torch": lambda: importlib.import_module("torch")}
+#: ``problem-kernels``: the CuPy kernels every problem built on the GPU runs (``transforms.problem.warm_device``,
+#: after ``cuda``); ``torch``: what a library convolution's trials need (1.5-2.8 s on an H200 machine), which wait for
+#: the loads to end, and what the problems built once it is in take their references from (``problem_steps``'s
+#: ``torch_reference``). The other trials run beside them, timed behind the gate: ungated, the import held the
+#: interpreter between a CUDA event and a launch (a 55 us GEMM timed at 316 us, a 23 us kernel's first call at 5.3 ms).
+LOADS: dict[str, Callable[[], object]] = {
+    "cuda": _open_cuda,
+    "cupy": lambda: importlib.import_module("cupy"),
+    "problems": lambda: importlib.import_module("transforms.problem"),
+    "problem-kernels": lambda: importlib.import_module("transforms.problem").warm_device(),
+    "torch": lambda: importlib.import_module("torch"),
+}
+#: The loads this process has done (a load that failed is not in it).
+LOADED: set[str] = set()
 #: How long an idle worker waits for a message before it looks again whether its imports have ended (it warms the
 #: libraries only then: a warm-up that imported torch itself would hold the worker until the import ends).
 LOADING_POLL_S = 0.05
@@ -538,6 +546,7 @@ def _load(names: Sequence[str]) -> None:
         if name in LOADS:
             with contextlib.suppress(Exception):
                 LOADS[name]()
+                LOADED.add(name)
 
 
 class Loads:

@@ -25,7 +25,7 @@ from db.session import Database
 from embed.importers import import_module, load_model
 from embed.ir import Graph
 from service.embeddings import EncoderStore
-from service.optimize import Context, OptimizeConfig, Optimized, Progress, convolves, worker_loads
+from service.optimize import Context, OptimizeConfig, Optimized, Progress, worker_loads
 from service.optimize import optimize as optimize_graph
 from service.weights import ModelSpec, decode_weights, encode_weights, model_weights, named_tensors
 from transforms.backends import resolve_backend
@@ -75,7 +75,7 @@ def optimize(model: ModelSpec, example_inputs: Sequence[torch.Tensor] | None = N
     backend = resolve_backend(backend)
     with Worker() as worker:
         # the worker starts while the model is captured and the database opened
-        worker.warm(worker_loads(backend, _has_convolutions(model)))
+        worker.warm(worker_loads(backend))
         graph = import_model(model, example_inputs)
         params = params if params is not None else model_weights(model, graph)
         ctx = context(settings, backend=backend)
@@ -88,15 +88,6 @@ def optimize(model: ModelSpec, example_inputs: Sequence[torch.Tensor] | None = N
                                   reference=reference, progress=progress, name=_name(model, graph))
         finally:
             ctx.database.dispose()
-
-
-def _has_convolutions(model: ModelSpec) -> bool:
-    """Whether ``model`` shows its convolutions before it is imported: a graph's nodes, a module's convolution layers
-    (one that convolves otherwise is found once its graph is captured)."""
-    if isinstance(model, Graph):
-        return convolves(model)
-    return isinstance(model, torch.nn.Module) and any(isinstance(m, torch.nn.modules.conv._ConvNd)
-                                                      for m in model.modules())
 
 
 def _name(model: ModelSpec, graph: Graph) -> str:

@@ -500,14 +500,13 @@ def test_every_subgraphs_candidates_are_queued_to_compile_before_the_first_is_me
         assert recipes == tried[h]  # what compiles ahead is what is then tried
 
 
-def test_the_worker_loads_cupy_and_the_problem_builder_on_cuda_torch_for_convolutions_and_nothing_on_cpu() -> None:
+def test_the_worker_loads_cupy_the_problem_builder_and_torch_on_cuda_and_nothing_on_cpu() -> None:
     from service.optimize import convolves, worker_loads
 
     assert convolves(import_module(ConvThenLinear().eval(), (torch.randn(2, 3, 6, 6),)))
     assert not convolves(_graph(WithCumsum()))
-    assert worker_loads("cuda") == worker_loads("cuda", False) == ("cuda", "problems")
-    assert worker_loads("cuda", True) == ("cuda", "problems", "torch")
-    assert worker_loads("cpu") == worker_loads("cpu", True) == ()
+    assert worker_loads("cuda") == ("cuda", "problems", "problem-kernels", "torch")
+    assert worker_loads("cpu") == ()
 
 
 def test_on_cuda_a_contraction_cublaslt_runs_tries_no_generated_cuda_core_gemm_nor_its_lower_ranks() -> None:

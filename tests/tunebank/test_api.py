@@ -178,12 +178,3 @@ def test_optimize_starts_its_worker_before_it_captures_the_model(tmp_path: Path,
                       **FAST)
     assert events[:2] == [("warm", True), ("capture", None)]  # the process started first, then the capture
 
-
-def test_a_model_shows_its_convolutions_before_it_is_captured_so_the_worker_imports_torch_from_its_start() -> None:
-    from tunebank.api import _has_convolutions, import_model
-
-    convolving = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
-    assert _has_convolutions(convolving) and not _has_convolutions(Block())
-    assert _has_convolutions(import_model(convolving, (torch.randn(1, 3, 8, 8),)))
-    assert not _has_convolutions(import_model(Block(), (torch.randn(8, 32),)))
-    assert not _has_convolutions("resnet_basic-c64-i28-b1")  # a zoo name: known once it is loaded
