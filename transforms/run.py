@@ -425,12 +425,8 @@ class Worker:
     def close(self) -> None:
         """Stop the worker process (if any) and delete the saved problems. A worker between trials is not waited for:
         it exits at the end of its input (its CUDA teardown takes most of a second) or is killed after
-        :data:`CLOSE_TIMEOUT_S`, on a thread of its own. A worker that loaded CUDA leaves a spare process for the next
-        cuda :class:`Worker` of this process (:class:`_Spare`)."""
-        cuda = self._proc is not None and "cuda" in self._loads
+        :data:`CLOSE_TIMEOUT_S`, on a thread of its own."""
         self._stop(wait=False)
-        if cuda:
-            _spare.start(self.python)
         if self._folder is not None:
             self._folder.cleanup()
             self._folder = None
@@ -465,10 +461,13 @@ class Worker:
 
     def _spawn(self, load: Sequence[str] = ()) -> None:
         """A worker process: for a cuda worker (told to load ``cuda``) the spare one if there is one (:class:`_Spare`),
-        else a new one told to load ``load`` as it starts. (A cpu worker times by the wall clock: it wants no process
-        whose imports may still run beside its trials.)"""
-        spare = _spare.take(self.python) if "cuda" in load else None
+        else a new one told to load ``load`` as it starts, and a new spare for the next cuda worker. (A cpu worker
+        times by the wall clock: it wants no process whose imports may still run beside its trials.)"""
+        cuda = "cuda" in load
+        spare = _spare.take(self.python) if cuda else None
         self._proc, self._stderr, self._lines, loaded = spare or _launch(self.python, load)
+        if cuda:
+            _spare.start(self.python)
         self.starts += 1
         self._ready = False
         self._loads = set(loaded)
@@ -544,14 +543,16 @@ def _launch(python: str, load: Sequence[str], env: Mapping[str, str] | None = No
 
 
 class _Spare:
-    """One worker process started when a cuda :class:`Worker` closes, which loads :data:`SPARE_LOADS` and waits for
-    the next Worker of this process to adopt it: its imports (CuPy, the problem builder and torch: 0.5-2.5 s on an
-    H200 machine, on a thread that slowed the first trials and held up the first cuDNN trial) are paid between two
-    optimizes, not inside one. It makes no CUDA context (the adopting Worker tells it to), so nothing of it is on the
-    GPU while the caller times its model (a worker kept idle between optimizes with its context slowed models timed
-    beside it, cause not isolated: ``docs/design.md``). A Worker adopts it only where it would start the same process:
-    the same python, the same environment (a ``CUDA_VISIBLE_DEVICES`` changed since names another GPU). Killed when
-    the process exits."""
+    """One worker process started when a cuda :class:`Worker` starts its own, which loads :data:`SPARE_LOADS` and waits
+    for the next Worker of this process to adopt it: its imports (CuPy, the problem builder and torch: 0.5-2.5 s on an
+    H200 machine, on a thread that slowed the first trials and held up the first cuDNN trial) are paid beside the
+    optimize before, not inside the next one. (Started when that optimize ended, as it was first, it was still
+    importing torch when the next optimize began, so the problems built first there took their references from
+    CuPy's evaluator, whose kernels compile at first use: ``transforms.problem``.) It makes no CUDA context (the
+    adopting Worker tells it to), so nothing of it is on the GPU while the caller times its model (a worker kept idle
+    between optimizes with its context slowed models timed beside it, cause not isolated: ``docs/design.md``). A
+    Worker adopts it only where it would start the same process: the same python, the same environment (a
+    ``CUDA_VISIBLE_DEVICES`` changed since names another GPU). Killed when the process exits."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -6,7 +6,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from db.errors import SchemaOutOfDateError
-from db.migrate import MIGRATIONS, check_schema, current_revision, downgrade, head_revision, upgrade
+from db.migrate import HEAD, MIGRATIONS, check_schema, current_revision, downgrade, head_revision, upgrade
 from db.models import Base
 from db.session import Database
 
@@ -23,7 +23,21 @@ def empty_database(request, tmp_path: Path):
 
 def test_scripts_ship_inside_the_package() -> None:
     assert MIGRATIONS.is_dir() and (MIGRATIONS / "env.py").is_file()
-    assert head_revision() == "0003"
+    assert head_revision() == HEAD == "0003"  # a new migration moves HEAD too
+
+
+def test_a_database_at_head_is_upgraded_and_checked_without_importing_alembic(empty_database: Database) -> None:
+    import subprocess
+    import sys
+
+    upgrade(empty_database.engine)
+    url = empty_database.engine.url.render_as_string(hide_password=False)
+    script = ("import sys\nfrom db.session import Database\nfrom db.migrate import check_schema, upgrade\n"
+              f"engine = Database({url!r}).engine\nprint(upgrade(engine)); check_schema(engine)\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'mako')))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.split("\n")
+    assert out[:2] == ["0003", "[]"]
 
 
 def test_upgrade_from_empty_creates_every_table_and_matches_the_models(empty_database: Database) -> None:

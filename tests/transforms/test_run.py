@@ -472,14 +472,15 @@ def _launches(log: Path, at_least: int = 0) -> list[str]:
     return lines
 
 
-def test_a_worker_that_loaded_cuda_leaves_a_spare_without_a_context_that_the_next_worker_adopts(built, problem,
-                                                                                                  tmp_path):
+def test_a_worker_that_loads_cuda_starts_a_spare_without_a_context_that_the_next_worker_adopts(built, problem,
+                                                                                                 tmp_path):
     python, log = _recording_python(tmp_path)
     try:
         with Worker(python=python) as first:
             first.warm(["cuda"])  # on a machine without CuPy the load fails quietly: the trial says what is wrong
+            # the spare starts with the worker, so it has the whole optimize to import torch
+            assert _launches(log, 2) == ["-m transforms.worker cuda", "-m transforms.worker cupy problems torch"]
             assert run([trial(built, problem, "correct")], worker=first, warmup=1, repeats=3)[0].ok
-        assert _launches(log, 2) == ["-m transforms.worker cuda", "-m transforms.worker cupy problems torch"]
         spare = runner._spare._held[1][0]
         with Worker(python=python) as second:
             second.warm(["cuda", "problems"])  # adopts the spare and tells it to make its context
