@@ -14,7 +14,7 @@ from transforms import problem as problem_module
 from transforms.codegen.kernel import compute_dtype
 from transforms.codegen.signature import run_dtype, signature
 from transforms.problem import described_problem, make_problem, problem_from_spec, reference_dtype, tolerances
-from transforms.run import to_float
+from transforms.run import finish, to_float
 
 
 def _softmax(dtype: str, shape: tuple[int, int] = (64, 96)):
@@ -224,3 +224,66 @@ def test_a_tf32_convolution_is_held_to_what_a_tf32_evaluation_errs():
     assert problem.tolerances([plain_trial])[out] < error < tolerance  # a float32 tolerance would refuse TF32
     assert tolerance == pytest.approx(4 * error, rel=0.2)  # the code's own TF32 rounding errs about as much
     assert check(no_beta, exact, tolerance, dtype="float32")[0] == "wrong"  # an epilogue that drops a term fails
+
+
+def _evaluator_unused(monkeypatch) -> None:
+    def unused(*args, **kwargs):
+        raise AssertionError("the evaluator ran")
+        yield  # a generator, as evaluate_steps is
+
+    monkeypatch.setattr(problem_module, "evaluate_steps", unused)
+
+
+@pytest.mark.parametrize("graph", [conv_bn_relu6(batch=1), *_cross_entropy_and_spmm(), _softmax("bfloat16")],
+                         ids=["conv_bn_relu6", "cross_entropy", "spmm", "softmax-bfloat16"])
+def test_a_torch_reference_is_the_graph_run_eagerly_and_agrees_with_the_evaluator(graph, monkeypatch):
+    program = lower(graph)
+    made = make_problem(graph, program, seed=3)  # the evaluator's references and raised tolerances
+    _evaluator_unused(monkeypatch)
+    problem, raise_tolerances = finish(problem_module.problem_steps(graph, program, seed=3, torch_reference=True))
+    tolerance, tf32 = raise_tolerances()
+    for name, want in made.reference.items():
+        got = problem.reference[name]
+        assert got.dtype == want.dtype and got.flags.c_contiguous
+        rtol = 1e-12 if want.dtype == np.float64 else 1e-6  # computed in float64, or float32 for a bfloat16 output
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
+    # raised from PyTorch's own float32 (and TF32-rounded) evaluation: another order of summation, as large an error
+    assert tolerance.keys() == made.tolerance.keys() and tf32.keys() == made.tf32.keys()
+    for ours, theirs in ((tolerance, made.tolerance), (tf32, made.tf32)):
+        assert all(theirs[k] / 4 < ours[k] < 4 * theirs[k] for k in ours)
+
+
+def test_a_graph_pytorch_cannot_run_takes_its_reference_from_the_evaluator(monkeypatch):
+    from embed.errors import EmbedError
+
+    graph = _softmax("float32")
+    program = lower(graph)
+
+    def refuse(*args, **kwargs):
+        raise EmbedError("node 0 (softmax) failed: not on this device")
+
+    monkeypatch.setattr("embed.eager.run_eager", refuse)
+    problem, raise_tolerances = finish(problem_module.problem_steps(graph, program, seed=3, torch_reference=True))
+    raise_tolerances()
+    [stored], [got] = problem.inputs.values(), problem.reference.values()
+    np.testing.assert_array_equal(got, evaluate(program, {"x": to_float(stored, "float32")})["out"])
+
+
+@needs_gpu
+def test_on_the_gpu_a_torch_reference_agrees_with_cupys_evaluator_and_raises_tolerances_without_tf32():
+    import cupy
+    import torch
+
+    graph = conv_bn_relu6()
+    spec = described_problem(graph, lower(graph), seed=3).spec
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default: a float32 convolution in TF32
+    evaluated = problem_from_spec(spec, cupy)
+    on_torch = problem_from_spec(spec, cupy, torch_reference=True)
+    [(name, want)] = evaluated.reference.items()
+    got = on_torch.reference[name]
+    assert isinstance(got, cupy.ndarray) and got.dtype == want.dtype == np.float64
+    np.testing.assert_allclose(got.get(), want.get(), rtol=1e-12, atol=1e-12 * float(abs(want).max()))
+    # the plain float32 tolerance from a float32 convolution, not a TF32 one (whose error is ~100x larger)
+    for ours, theirs in ((on_torch.tolerance, evaluated.tolerance), (on_torch.tf32, evaluated.tf32)):
+        assert theirs[name] / 4 < ours[name] < 4 * theirs[name]
+    assert on_torch.tolerance[name] * 10 < on_torch.tf32[name]

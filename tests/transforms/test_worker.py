@@ -254,6 +254,34 @@ def test_a_worker_loads_what_it_is_started_with(monkeypatch):
     assert events == ["import transforms.problem", "load lib"]  # an unknown name loads nothing
 
 
+def test_a_worker_records_the_loads_that_succeeded(monkeypatch):
+    monkeypatch.setattr(worker, "LOADED", set())
+    monkeypatch.setitem(worker.LOADS, "lib", lambda: None)
+    monkeypatch.setitem(worker.LOADS, "broken", lambda: 1 / 0)
+    worker._load(["broken", "lib"])
+    assert sorted(worker.LOADED) == ["lib"]
+
+
+@pytest.mark.parametrize("loaded", [{"torch"}, set()])
+def test_a_worker_that_has_loaded_torch_builds_its_problems_with_torch_references(loaded, monkeypatch):
+    from embed.builder import GraphBuilder
+    from embed.lower import lower
+    from transforms import problem as problem_module
+
+    b = GraphBuilder("s")
+    x = b.input("x", (8, 16), "float32")
+    graph = b.build([b.node("softmax", [x], (8, 16), "float32", name="out", axis=-1)])
+    spec = problem_module.described_problem(graph, lower(graph), seed=1).spec
+    evaluated = []
+    evaluate_steps = problem_module.evaluate_steps
+    monkeypatch.setattr(problem_module, "evaluate_steps",
+                        lambda *a, **k: evaluated.append(1) or evaluate_steps(*a, **k))
+    monkeypatch.setattr(worker, "LOADED", loaded)
+    problem = worker.LoadedProblem.open({"spec": spec})
+    assert [r.shape for r in problem.reference.values()] == [(8, 16)]
+    assert bool(evaluated) == ("torch" not in loaded)  # PyTorch's reference once torch is in, else the evaluator's
+
+
 def test_a_load_message_loads_on_a_thread_while_the_worker_answers_and_torch_trials_wait_for_it(monkeypatch):
     events, release = [], threading.Event()
 
