@@ -1,7 +1,9 @@
 """The validation problem of a task: inputs in their storage dtypes, references in a precision the outputs need."""
 
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,3 +289,36 @@ def test_on_the_gpu_a_torch_reference_agrees_with_cupys_evaluator_and_raises_tol
     for ours, theirs in ((on_torch.tolerance, evaluated.tolerance), (on_torch.tf32, evaluated.tf32)):
         assert theirs[name] / 4 < ours[name] < 4 * theirs[name]
     assert on_torch.tolerance[name] * 10 < on_torch.tf32[name]
+
+
+WARMED_BUILD = """
+import os, sys, cupy
+from transforms import device_check
+from transforms.problem import problem_from_spec, warm_device
+spec = {spec!r}
+def compiled():
+    return sum(len(files) for _, _, files in os.walk(os.environ["CUPY_CACHE_DIR"]))
+device_check.warm()  # the worker's cuda load compiles the output check's module
+warm_device()
+warmed = compiled()
+problem_from_spec(spec, cupy, torch_reference=bool(int(sys.argv[1])))
+print(warmed, compiled() - warmed)
+"""
+
+
+@needs_gpu
+@pytest.mark.parametrize(("torch_reference", "compiles"), [(True, 0), (False, None)])
+def test_a_problem_built_on_a_warmed_gpu_with_a_torch_reference_compiles_no_cupy_kernel(torch_reference, compiles,
+                                                                                       tmp_path):
+    import subprocess
+    import sys
+
+    graph = conv_bn_relu6()
+    script = WARMED_BUILD.format(spec=described_problem(graph, lower(graph), seed=3).spec)
+    out = subprocess.run([sys.executable, "-c", script, str(int(torch_reference))], capture_output=True, text=True,
+                         timeout=300, check=True, cwd=Path(__file__).resolve().parents[2],
+                         env={**os.environ, "CUPY_CACHE_DIR": str(tmp_path)})  # a fresh machine's cache
+    warmed, built = map(int, out.stdout.split())
+    assert warmed > 0  # the random inputs' module and the conversions, compiled ahead
+    # with CuPy's evaluator, its own element-wise kernels compile at first use
+    assert built == compiles if compiles is not None else built > 0
