@@ -190,7 +190,8 @@ def run_eager(
     """Execute ``graph`` on ``inputs`` (every graph input and param, by name); returns its outputs by name.
 
     With ``compute_dtype`` (e.g. ``torch.float64``), every float tensor is computed in that dtype. Constants are
-    made on the device of the inputs (the cpu without inputs).
+    made on the device of the inputs (the cpu without inputs), but for scalars that only binary ops read, which stay
+    cpu scalars (:class:`EagerProgram` says why).
     Raises ``UnsupportedSubgraphError`` on an opaque node and ``EmbedError`` on missing inputs.
     """
     missing = [name for name in graph.inputs if name not in inputs]
@@ -203,11 +204,11 @@ def run_eager(
         if tuple(value.shape) != tensor.shape:
             raise EmbedError(f"run_eager: input {name!r} has shape {list(value.shape)}, expected {list(tensor.shape)}")
         values[name] = value.to(_target_dtype(tensor.dtype, compute_dtype))
-    device = next((v.device for v in values.values()), torch.device("cpu"))
+    device, scalar = next((v.device for v in values.values()), torch.device("cpu")), _scalar_operands(graph)
     for name, tensor in graph.tensors.items():
         if tensor.role == TensorRole.CONST and tensor.value is not None:
             const = torch.tensor(tensor.value, dtype=torch.float64).reshape(tensor.shape)
-            values[name] = const.to(device, _target_dtype(tensor.dtype, compute_dtype))
+            values[name] = const.to("cpu" if name in scalar else device, _target_dtype(tensor.dtype, compute_dtype))
     for i, node in enumerate(graph.nodes):
         values[node.outputs[0]] = _run_node(i, node, [values[t] for t in node.inputs], graph, compute_dtype)
     return {name: values[name] for name in graph.outputs}

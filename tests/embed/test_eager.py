@@ -228,6 +228,20 @@ def test_scalar_constants_of_binary_ops_stay_cpu_scalars_and_no_other() -> None:
     assert all(program.consts[n].device.type == "meta" for n in others)
 
 
+def test_run_eager_makes_constants_where_its_inputs_are_but_scalars_of_binary_ops_on_the_cpu(monkeypatch) -> None:
+    from embed import eager
+
+    graph, _, _ = relu6_then_scaled()
+    seen = []
+    for op in ("maximum", "minimum"):
+        monkeypatch.setitem(eager._KERNELS, op, lambda args, attrs, shape, kernel=eager._KERNELS[op]: seen.append(
+            args[1].device.type) or kernel(args, attrs, shape))
+    (out,) = run_eager(graph, {"x": torch.empty(3, device="meta")}).values()  # the (3,) constant made there too
+    # relu6's bounds as cpu scalars: a GPU eager timing runs the vectorized kernel (a one-element GPU tensor is a
+    # broadcast operand, in the strided kernel: mobilenet's conv + batch-norm + relu6 timed at 2.5x)
+    assert out.device.type == "meta" and seen == ["cpu", "cpu"]
+
+
 @needs_gpu
 def test_cpu_scalar_constants_compute_on_the_gpu() -> None:
     graph, _, _ = relu6_then_scaled()
