@@ -164,7 +164,9 @@ def _eager_reference(graph: Graph, program: LoopProgram, values: Mapping[str, An
         torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
     dtypes = {n: numpy_dtype(program.buffers[n].dtype, float_dtype) for n in program.outputs}
     as_torch = {np.float64: torch.float64, np.float32: torch.float32, np.int64: torch.int64, np.bool_: torch.bool}
-    return {n: xp.from_dlpack(t.to(as_torch[dtypes[n]]).contiguous().clone()) for n, t in outputs.items()}
+    # one copy each: contiguous, and never a view of an input (a layout op's output is one)
+    return {n: xp.from_dlpack(t.to(as_torch[dtypes[n]], memory_format=torch.contiguous_format, copy=True))
+            for n, t in outputs.items()}
 
 
 def warm_device() -> None:
